@@ -1,0 +1,5 @@
+"""Lightning callbacks: ``DPCallback`` (DP-SGD) and the adversarial augmentation callback."""
+
+from lightning_dprobust.callbacks.dp import DPCallback, StopReason
+
+__all__ = ["DPCallback", "StopReason"]

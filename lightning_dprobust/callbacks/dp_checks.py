@@ -1,0 +1,58 @@
+"""Setup checks of ``DPCallback``: every configuration that would silently break the DP guarantee is refused."""
+
+from __future__ import annotations
+
+import lightning as L
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_dprobust.models import dp_incompatibilities
+
+
+def check_module(pl_module: L.LightningModule) -> None:
+    """The module must expose a per-example loss and the private-step seam, and mix no examples."""
+    if not (hasattr(pl_module, "per_example_loss") and hasattr(pl_module, "private_step")):
+        raise MisconfigurationException(
+            f"DPCallback needs a module with `per_example_loss` and `private_step` (got {type(pl_module).__name__}): "
+            "subclass lightning_dprobust.methods.ClassifierModule"
+        )
+    problems = dp_incompatibilities(pl_module)
+    if problems:
+        listed = "\n  ".join(problems)
+        raise MisconfigurationException(
+            "DPCallback refuses a model with layers that mix examples or break per-example gradients:\n  "
+            f"{listed}\nFix: lightning_dprobust.models.make_dp_compatible(model) (BatchNorm -> GroupNorm)"
+        )
+
+
+def check_trainer(trainer: L.Trainer, poisson_sampling: bool) -> None:
+    """No accumulation, no fp16 scaling, no Lightning clipping, DDP without Lightning's distributed sampler."""
+    if trainer.accumulate_grad_batches != 1:
+        raise MisconfigurationException(
+            f"DPCallback: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) changes the sampled "
+            "batch the accountant assumes; set accumulate_grad_batches=1 and use "
+            "DPCallback(max_physical_batch_size=...) to bound memory instead"
+        )
+    if str(trainer.precision).startswith("16"):
+        raise MisconfigurationException(
+            f"DPCallback: Trainer(precision={trainer.precision!r}) scales the loss before clipping, which breaks "
+            "per-example clipping; use precision='32-true' or 'bf16-mixed'"
+        )
+    if trainer.gradient_clip_val:
+        raise MisconfigurationException(
+            f"DPCallback: Trainer(gradient_clip_val={trainer.gradient_clip_val}) clips the non-private batch "
+            "gradient; remove it: DPCallback(max_grad_norm=...) clips each example"
+        )
+    connector = trainer._accelerator_connector
+    if poisson_sampling and connector.is_distributed and connector.use_distributed_sampler:
+        raise MisconfigurationException(
+            "DPCallback: under DDP the callback shards its own Poisson batches; set "
+            "Trainer(use_distributed_sampler=False)"
+        )
+
+
+def check_optimizers(trainer: L.Trainer) -> None:
+    if len(trainer.optimizers) != 1:
+        raise MisconfigurationException(
+            f"DPCallback supports exactly one optimizer, the module configured {len(trainer.optimizers)}: "
+            "return a single optimizer from configure_optimizers"
+        )

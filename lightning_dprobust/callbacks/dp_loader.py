@@ -1,0 +1,115 @@
+"""The Poisson train loader of ``DPCallback``, built from the data module's own train loader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler
+
+
+class PoissonLoaderFactory:
+    """Replaces the train loader of a data module (or module) by a Poisson-sampled one, and knows its rate.
+
+    Args:
+        sample_rate: inclusion probability; default ``batch_size * world_size / len(dataset)``.
+        seed: seed of the Poisson masks (the same on every rank).
+        poisson: ``False`` keeps the original loader; the accountant then assumes Poisson sampling at rate
+            ``batch_size * world_size / n`` although batches are shuffled, which is only an approximation.
+    """
+
+    def __init__(self, sample_rate: float | None, seed: int, poisson: bool) -> None:
+        self.requested_rate = sample_rate
+        self.seed = seed
+        self.poisson = poisson
+        self.sample_rate: float | None = None
+        self.num_examples: int | None = None
+        self.steps_per_epoch: int | None = None
+        self._source: object | None = None
+        self._original: Callable[[], DataLoader] | None = None
+        self._built: DataLoader | None = None
+
+    def attach(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        source = trainer.datamodule if trainer.datamodule is not None else pl_module
+        original = source.train_dataloader
+        self._source, self._original = source, original
+        world_size, rank = trainer.world_size, trainer.global_rank
+
+        def train_dataloader() -> DataLoader:
+            self._built = self._build(original(), rank, world_size)
+            return self._built
+
+        source.train_dataloader = train_dataloader
+
+    def detach(self) -> None:
+        if self._source is not None and "train_dataloader" in vars(self._source):
+            del self._source.train_dataloader
+        self._source = None
+
+    def check_train_loader(self, loader: object) -> None:
+        """Refuse a train loader that this factory did not build (someone replaced it after setup)."""
+        if self._built is None or (self.poisson and loader is not self._built):
+            raise MisconfigurationException(
+                "DPCallback: the train loader in use was not built by DPCallback, so its batches are not Poisson "
+                "samples; let the callback build it (define train_dataloader() on the data module) or pass "
+                "DPCallback(poisson_sampling=False) to accept approximate accounting"
+            )
+
+    def _build(self, loader: DataLoader, rank: int, world_size: int) -> DataLoader:
+        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+            raise MisconfigurationException(
+                "DPCallback needs a map-style DataLoader (len + indexing) to Poisson-sample; got "
+                f"{type(loader).__name__} over {type(getattr(loader, 'dataset', None)).__name__}"
+            )
+        self.num_examples = len(loader.dataset)
+        self.sample_rate = self._rate(loader, world_size)
+        if not self.poisson:
+            rank_zero_warn(
+                "DPCallback(poisson_sampling=False): batches are shuffled, not Poisson-sampled; the reported "
+                "epsilon assumes Poisson sampling and is only an approximation"
+            )
+            self.steps_per_epoch = len(loader)
+            return loader
+        self._check_sampler(loader)
+        sampler = PoissonBatchSampler(self.num_examples, self.sample_rate, seed=self.seed, rank=rank,
+                                      world_size=world_size)
+        self.steps_per_epoch = len(sampler)
+        return DataLoader(
+            loader.dataset,
+            batch_sampler=sampler,
+            collate_fn=EmptySafeCollate(loader.dataset, loader.collate_fn),
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+            persistent_workers=loader.persistent_workers,
+        )
+
+    def _rate(self, loader: DataLoader, world_size: int) -> float:
+        if self.requested_rate is not None:
+            return self.requested_rate
+        if loader.batch_size is None:
+            raise MisconfigurationException(
+                "DPCallback cannot infer the sample rate from a loader with a custom batch_sampler: "
+                "pass DPCallback(sample_rate=...)"
+            )
+        rate = loader.batch_size * world_size / self.num_examples
+        if rate > 1:
+            raise MisconfigurationException(
+                f"DPCallback: batch_size {loader.batch_size} x {world_size} device(s) exceeds the {self.num_examples} "
+                "training examples (sample rate > 1); lower --data.batch_size"
+            )
+        return rate
+
+    @staticmethod
+    def _check_sampler(loader: DataLoader) -> None:
+        custom_sampler = not isinstance(loader.sampler, (RandomSampler, SequentialSampler))
+        custom_batches = type(loader.batch_sampler) is not BatchSampler
+        if custom_sampler or custom_batches:
+            raise MisconfigurationException(
+                f"DPCallback: the train loader uses {type(loader.sampler).__name__} / "
+                f"{type(loader.batch_sampler).__name__}, which Poisson sampling would silently replace (a weighted "
+                "sampler changes the sample rate the accountant assumes); use a plain shuffled loader"
+            )

@@ -1,0 +1,1 @@
+"""Framework-free math: accounting, per-example clipping, sampling, smoothing (no Lightning imports)."""

@@ -1,0 +1,145 @@
+"""Per-example gradients, clipping and the Gaussian mechanism of DP-SGD (Abadi et al. 2016, arXiv 1607.00133).
+
+The engine computes every example's gradient with ``torch.func`` (``functional_call`` + ``vmap(grad(...))``):
+the loss of each example is evaluated on a batch that holds that example alone, so **no loss term can mix two
+examples** whatever the model or the loss does. This is a structural guarantee, not a convention: changing
+example ``j`` cannot change example ``i``'s gradient.
+
+Why not Opacus' hooks: Opacus 1.6 registers full backward hooks whose outputs are views, and every residual
+network with an in-place add (timm and torchvision ResNets, ``x += shortcut``) fails with "Output 0 of
+BackwardHookFunction is a view and is being modified inplace" (meta-pytorch/opacus #720, #828). ``vmap`` has no
+module hooks, so timm ResNets, our tanh CNN and any functional model work, and an adversarial attack can run on
+the model at any time without touching the privacy machinery.
+
+Augmentation groups (DESIGN.md contract 3): an example may carry ``V`` views; the method's loss averages over
+them, so the per-example gradient is the mean of the views' gradients *before* clipping and the sensitivity stays
+``max_grad_norm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+ExampleLoss = Callable[..., Tensor]
+"""``loss(*batch) -> Tensor[B]``: per-example losses of a batch; called here on batches of one example."""
+
+_NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class ClippedSum:
+    """Result of :func:`clipped_gradient_sum`.
+
+    Attributes:
+        grads: ``name -> sum_i clip(g_i)`` for every trainable parameter.
+        norms: ``[B]`` per-example gradient norms before clipping.
+        losses: ``[B]`` per-example losses.
+    """
+
+    grads: dict[str, Tensor]
+    norms: Tensor
+    losses: Tensor
+
+
+class _LossModule(nn.Module):
+    """Exposes ``owner.<method>`` as ``forward`` so ``functional_call`` can substitute the owner's parameters."""
+
+    def __init__(self, owner: nn.Module, method: str) -> None:
+        super().__init__()
+        self.owner = owner
+        self.method = method
+
+    def forward(self, *batch: Tensor) -> Tensor:
+        return getattr(self.owner, self.method)(*batch)
+
+
+class PerExampleClipper:
+    """Computes ``sum_i min(1, C / ||g_i||) g_i`` over a batch, where ``g_i`` is example ``i``'s full gradient.
+
+    Args:
+        module: the module that owns the parameters and the loss method.
+        loss_method: name of ``module``'s method ``loss(*batch) -> Tensor[B]`` of per-example losses.
+        max_grad_norm: the clipping bound ``C`` on the flat L2 norm over all trainable parameters.
+        max_physical_batch_size: split a batch into chunks of at most this many examples to bound memory
+            (per-example gradients of a chunk take ``chunk * num_params`` floats). ``None``: one chunk.
+
+    Guarantees:
+        * Each example's contribution to the returned sum has L2 norm ``<= max_grad_norm``.
+        * Example ``i``'s contribution depends only on example ``i`` (and the parameters).
+        * Frozen parameters (``requires_grad=False``) and buffers are used but never differentiated.
+
+    Assumptions:
+        The loss method computes each example's loss from that example alone when given a batch of one (true of
+        any layer without cross-example statistics: BatchNorm in training mode violates it and is refused by
+        ``DPCallback``). Randomness inside the loss (dropout) is drawn independently per example.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        loss_method: str,
+        max_grad_norm: float,
+        max_physical_batch_size: int | None = None,
+    ) -> None:
+        if not (max_grad_norm > 0 and torch.isfinite(torch.tensor(max_grad_norm))):
+            raise ValueError(f"max_grad_norm must be a positive finite number, got {max_grad_norm}")
+        if max_physical_batch_size is not None and max_physical_batch_size < 1:
+            raise ValueError(f"max_physical_batch_size must be >= 1 or None, got {max_physical_batch_size}")
+        self.module = module
+        self.max_grad_norm = float(max_grad_norm)
+        self.max_physical_batch_size = max_physical_batch_size
+        self._loss_module = _LossModule(module, loss_method)
+        self._per_example_grad = vmap(grad(self._example_loss, has_aux=True), in_dims=(None, 0), randomness="different")
+
+    def trainable_parameters(self) -> dict[str, Tensor]:
+        return {name: p for name, p in self.module.named_parameters() if p.requires_grad}
+
+    def _example_loss(self, params: Mapping[str, Tensor], example: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        single = tuple(t.unsqueeze(0) for t in example)
+        prefixed = {f"owner.{name}": p for name, p in params.items()}
+        loss = functional_call(self._loss_module, prefixed, single, strict=False).sum()
+        return loss, loss.detach()
+
+    def __call__(self, batch: tuple[Tensor, ...]) -> ClippedSum:
+        """Clipped per-example gradient sum of ``batch`` (a tuple of tensors sharing the leading batch dim)."""
+        params = {name: p.detach() for name, p in self.trainable_parameters().items()}
+        size = batch[0].shape[0]
+        sums = {name: torch.zeros_like(p) for name, p in params.items()}
+        if size == 0:
+            empty = batch[0].new_zeros(0)
+            return ClippedSum(sums, empty, empty)
+        chunk = self.max_physical_batch_size or size
+        norms, losses = [], []
+        for start in range(0, size, chunk):
+            part = tuple(t[start : start + chunk] for t in batch)
+            grads, part_losses = self._per_example_grad(params, part)
+            part_norms = per_example_norms(grads)
+            factors = (self.max_grad_norm / (part_norms + _NORM_EPS)).clamp(max=1.0)
+            for name, g in grads.items():
+                sums[name] += torch.einsum("b,b...->...", factors, g)
+            norms.append(part_norms)
+            losses.append(part_losses)
+        return ClippedSum(sums, torch.cat(norms), torch.cat(losses))
+
+
+def per_example_norms(grads: Mapping[str, Tensor]) -> Tensor:
+    """Flat L2 norm over all parameters of each example's gradient: ``[B]`` from ``name -> [B, *shape]``."""
+    squares = [g.flatten(start_dim=1).pow(2).sum(dim=1) for g in grads.values()]
+    return torch.stack(squares, dim=0).sum(dim=0).sqrt()
+
+
+def gaussian_noise_like(
+    grads: Mapping[str, Tensor], std: float, generator: torch.Generator | None = None
+) -> dict[str, Tensor]:
+    """Independent ``N(0, std^2)`` noise with the shape of each gradient (the Gaussian mechanism)."""
+    return {
+        name: torch.normal(0.0, std, size=g.shape, generator=generator, device=g.device, dtype=g.dtype)
+        if std > 0
+        else torch.zeros_like(g)
+        for name, g in grads.items()
+    }

@@ -1,0 +1,104 @@
+"""Poisson subsampling, the sampling that the DP-SGD accountants assume (Abadi et al. 2016; Mironov et al. 2019).
+
+Each step includes every example independently with probability ``sample_rate``, so the batch size varies and
+may be zero. Under data parallelism all ranks draw the *same* global Bernoulli mask from a shared seed and each
+rank keeps the selected indices ``rank::world_size``: the union over ranks is exactly one Poisson sample of the
+whole dataset, and every rank yields the same number of batches (empty ones included), so collectives never
+mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+from torch.utils.data._utils.collate import default_collate
+
+
+class PoissonBatchSampler(Sampler[list[int]]):
+    """Yields ``steps_per_epoch`` Poisson batches of indices per epoch.
+
+    Args:
+        num_examples: size of the (global) training set.
+        sample_rate: inclusion probability ``q`` of each example at each step.
+        steps_per_epoch: number of batches per epoch; default ``max(1, round(1 / q))``, so one epoch sees each
+            example once in expectation.
+        seed: seed of the shared mask generator; the mask of epoch ``e`` depends only on ``(seed, e)``.
+        rank: this process' rank.
+        world_size: number of data-parallel processes.
+
+    Guarantees:
+        Over all ranks, each step's batch contains every example independently with probability ``sample_rate``.
+    """
+
+    def __init__(
+        self,
+        num_examples: int,
+        sample_rate: float,
+        steps_per_epoch: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if num_examples < 1:
+            raise ValueError(f"Poisson sampling needs a non-empty training set, got {num_examples} examples")
+        if not 0.0 < sample_rate <= 1.0:
+            raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate}: lower the batch size")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside [0, {world_size})")
+        self.num_examples = num_examples
+        self.sample_rate = sample_rate
+        self.steps_per_epoch = steps_per_epoch or max(1, round(1.0 / sample_rate))
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning at each epoch start so that every epoch draws fresh masks."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        generator = torch.Generator().manual_seed(_mix(self.seed, self.epoch))
+        for _ in range(self.steps_per_epoch):
+            mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate
+            selected = mask.nonzero().flatten()
+            yield selected[self.rank :: self.world_size].tolist()
+
+
+def _mix(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch) % (2**63 - 1)
+
+
+class EmptySafeCollate:
+    """Collates a list of examples; an empty list becomes zero-length tensors shaped like a real batch.
+
+    Poisson batches can be empty; the DP step must still run (it then releases pure noise, which is what the
+    accountant assumes).
+    """
+
+    def __init__(self, dataset, collate_fn=default_collate) -> None:
+        self.collate_fn = collate_fn
+        self._template = collate_fn([dataset[0]])
+
+    def __call__(self, examples: list):
+        if examples:
+            return self.collate_fn(examples)
+        return _slice_empty(self._template)
+
+
+def _slice_empty(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_slice_empty(item) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _slice_empty(value) for key, value in batch.items()}
+    raise TypeError(f"cannot build an empty batch from an element of type {type(batch).__name__}")
+
+
+__all__ = ["EmptySafeCollate", "PoissonBatchSampler"]

@@ -1,0 +1,6 @@
+"""One LightningModule per paper; shared steps live in :mod:`lightning_dprobust.methods.base`."""
+
+from lightning_dprobust.methods.base import ClassifierModule
+from lightning_dprobust.methods.dpsgd import DPSGD
+
+__all__ = ["DPSGD", "ClassifierModule"]

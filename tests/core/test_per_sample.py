@@ -1,0 +1,162 @@
+"""Per-example clipping engine: clip bound, no cross-example terms, equivalence, augmentation groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like, per_example_norms
+
+
+class TinyNet(nn.Module):
+    """Conv + tanh + linear; ``per_example_loss`` averages over an optional views dimension."""
+
+    def __init__(self, channels: int = 3, hidden: int = 5, classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, channels, 3, padding=1)
+        self.norm = nn.GroupNorm(1, channels)
+        self.fc = nn.Linear(channels * 16, hidden)
+        self.out = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        h = torch.tanh(self.norm(self.conv(x))).flatten(1)
+        return self.out(torch.tanh(self.fc(h)))
+
+    def per_example_loss(self, x, y):
+        if x.dim() == 4:
+            return F.cross_entropy(self(x), y, reduction="none")
+        b, v = x.shape[:2]
+        losses = F.cross_entropy(self(x.flatten(0, 1)), y.repeat_interleave(v), reduction="none")
+        return losses.view(b, v).mean(1)
+
+
+def batch(size: int, views: int = 0, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (size, views, 1, 4, 4) if views else (size, 1, 4, 4)
+    return torch.rand(shape, generator=g) * 3, torch.randint(0, 4, (size,), generator=g)
+
+
+def flat(grads: dict) -> torch.Tensor:
+    return torch.cat([g.flatten() for g in grads.values()])
+
+
+def contribution(clipper, x, y, i):
+    """Example ``i``'s contribution to the clipped sum: sum over the batch minus sum without ``i``."""
+    keep = [j for j in range(len(y)) if j != i]
+    return flat(clipper((x, y)).grads) - flat(clipper((x[keep], y[keep])).grads)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    size=st.integers(2, 6),
+    views=st.sampled_from([0, 1, 3]),
+    max_grad_norm=st.floats(1e-3, 2.0),
+    seed=st.integers(0, 10_000),
+)
+def test_each_example_contributes_at_most_max_grad_norm(size, views, max_grad_norm, seed):
+    torch.manual_seed(seed)
+    clipper = PerExampleClipper(TinyNet(), "per_example_loss", max_grad_norm)
+    x, y = batch(size, views, seed)
+    for i in range(size):
+        assert contribution(clipper, x, y, i).norm() <= max_grad_norm * (1 + 1e-4)
+
+
+def test_single_large_gradient_is_clipped_to_exactly_the_bound():
+    torch.manual_seed(0)
+    clipper = PerExampleClipper(TinyNet(), "per_example_loss", 1e-3)
+    out = clipper(batch(1))
+    assert out.norms[0] > 1e-3
+    assert flat(out.grads).norm() == pytest.approx(1e-3, rel=1e-3)
+
+
+@pytest.mark.parametrize("views", [0, 2])
+def test_changing_one_example_leaves_every_other_contribution_unchanged(views):
+    torch.manual_seed(1)
+    clipper = PerExampleClipper(TinyNet(), "per_example_loss", 0.05)
+    x, y = batch(5, views, 3)
+    x2, y2 = x.clone(), y.clone()
+    x2[2] = torch.rand_like(x2[2]) * 3
+    y2[2] = (y2[2] + 1) % 4
+    for i in (0, 1, 3, 4):
+        torch.testing.assert_close(contribution(clipper, x, y, i), contribution(clipper, x2, y2, i))
+
+
+def test_huge_clip_equals_ordinary_batch_gradient():
+    torch.manual_seed(2)
+    net = TinyNet()
+    x, y = batch(6, seed=4)
+    out = PerExampleClipper(net, "per_example_loss", 1e9)((x, y))
+    net.zero_grad()
+    net.per_example_loss(x, y).sum().backward()
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(out.grads[name], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_norms_match_one_example_at_a_time():
+    torch.manual_seed(3)
+    net = TinyNet()
+    x, y = batch(4, seed=5)
+    out = PerExampleClipper(net, "per_example_loss", 1.0)((x, y))
+    for i in range(4):
+        net.zero_grad()
+        net.per_example_loss(x[i : i + 1], y[i : i + 1]).sum().backward()
+        expected = torch.cat([p.grad.flatten() for p in net.parameters()]).norm()
+        assert out.norms[i] == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_augmentation_group_gradient_is_mean_of_view_gradients_before_clipping():
+    torch.manual_seed(4)
+    net = TinyNet()
+    x, y = batch(1, views=3, seed=6)
+    out = PerExampleClipper(net, "per_example_loss", 1e9)((x, y))
+    view_grads = []
+    for v in range(3):
+        net.zero_grad()
+        net.per_example_loss(x[:, v], y).sum().backward()
+        view_grads.append(torch.cat([p.grad.flatten() for p in net.parameters()]))
+    torch.testing.assert_close(flat(out.grads), torch.stack(view_grads).mean(0), rtol=1e-4, atol=1e-6)
+
+
+def test_chunked_equals_unchunked():
+    torch.manual_seed(5)
+    net = TinyNet()
+    x, y = batch(7, seed=7)
+    whole = PerExampleClipper(net, "per_example_loss", 0.1)((x, y))
+    chunked = PerExampleClipper(net, "per_example_loss", 0.1, max_physical_batch_size=3)((x, y))
+    torch.testing.assert_close(flat(whole.grads), flat(chunked.grads))
+    torch.testing.assert_close(whole.norms, chunked.norms)
+
+
+def test_empty_batch_gives_zero_sum():
+    out = PerExampleClipper(TinyNet(), "per_example_loss", 1.0)(batch(0))
+    assert out.norms.numel() == 0
+    assert flat(out.grads).abs().sum() == 0
+
+
+def test_frozen_parameters_are_not_differentiated():
+    net = TinyNet()
+    net.conv.weight.requires_grad_(False)
+    out = PerExampleClipper(net, "per_example_loss", 1.0)(batch(3))
+    assert "conv.weight" not in out.grads and "conv.bias" in out.grads
+
+
+def test_per_example_norms_is_flat_l2():
+    grads = {"a": torch.tensor([[3.0, 0.0], [0.0, 0.0]]), "b": torch.tensor([[4.0], [1.0]])}
+    torch.testing.assert_close(per_example_norms(grads), torch.tensor([5.0, 1.0]))
+
+
+def test_noise_has_requested_std():
+    grads = {"w": torch.zeros(200_000)}
+    noise = gaussian_noise_like(grads, 0.7, torch.Generator().manual_seed(0))["w"]
+    assert noise.std().item() == pytest.approx(0.7, rel=0.01)
+    assert gaussian_noise_like(grads, 0.0)["w"].abs().sum() == 0
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_rejects_bad_clip(bad):
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        PerExampleClipper(TinyNet(), "per_example_loss", bad)

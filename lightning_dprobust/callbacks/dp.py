@@ -12,7 +12,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
-from lightning_dprobust.callbacks.dp_checks import check_module, check_optimizers, check_trainer
+from lightning_dprobust.callbacks.dp_checks import (
+    check_module,
+    check_trainer,
+    guard_single_optimizer,
+    release_optimizer_guard,
+)
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.core.accounting import (
     ACCOUNTANTS,
@@ -115,14 +120,12 @@ class DPCallback(Callback):
         check_trainer(trainer, self.poisson_sampling)
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         self.loaders.attach(trainer, pl_module)
+        guard_single_optimizer(pl_module)
         self._clipper = PerExampleClipper(pl_module, "per_example_loss", self.max_grad_norm,
                                           self.max_physical_batch_size)
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        check_optimizers(trainer)
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.loaders.check_train_loader(trainer.train_dataloader)
+        self.loaders.check_train_loader(trainer.train_dataloader, self._world_size)
         if self.delta is None:
             self.delta = default_delta(self.loaders.num_examples)
         elif self.delta >= 1.0 / self.loaders.num_examples:
@@ -157,6 +160,7 @@ class DPCallback(Callback):
         if stage == "fit":
             pl_module.private_step = None
             self.loaders.detach()
+            release_optimizer_guard(pl_module)
 
     # ------------------------------------------------------------------------------------------- the DP step
     def private_step(self, inputs: tuple[Tensor, ...]) -> Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lightning as L
+from lightning.pytorch.core.optimizer import _configure_optimizers
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.models import dp_incompatibilities
@@ -14,6 +15,11 @@ def check_module(pl_module: L.LightningModule) -> None:
         raise MisconfigurationException(
             f"DPCallback needs a module with `per_example_loss` and `private_step` (got {type(pl_module).__name__}): "
             "subclass lightning_dprobust.methods.ClassifierModule"
+        )
+    if not pl_module.automatic_optimization:
+        raise MisconfigurationException(
+            "DPCallback drives the optimizer step through automatic optimization; manual optimization would bypass "
+            "the private gradient: remove `self.automatic_optimization = False`"
         )
     problems = dp_incompatibilities(pl_module)
     if problems:
@@ -50,9 +56,26 @@ def check_trainer(trainer: L.Trainer, poisson_sampling: bool) -> None:
         )
 
 
-def check_optimizers(trainer: L.Trainer) -> None:
-    if len(trainer.optimizers) != 1:
-        raise MisconfigurationException(
-            f"DPCallback supports exactly one optimizer, the module configured {len(trainer.optimizers)}: "
-            "return a single optimizer from configure_optimizers"
-        )
+def guard_single_optimizer(pl_module: L.LightningModule) -> None:
+    """Wrap ``configure_optimizers`` so that more than one optimizer is refused with a DP-specific message.
+
+    The check must run inside ``configure_optimizers``: Lightning rejects several optimizers under automatic
+    optimization right after calling it, with a message that does not say why DP needs one.
+    """
+    original = type(pl_module).configure_optimizers.__get__(pl_module)
+
+    def configure_optimizers():
+        config = original()
+        optimizers, _, _ = _configure_optimizers(config)
+        if len(optimizers) != 1:
+            raise MisconfigurationException(
+                f"DPCallback supports exactly one optimizer, the module configured {len(optimizers)}: one noisy "
+                "gradient is released per step; return a single optimizer from configure_optimizers"
+            )
+        return config
+
+    pl_module.configure_optimizers = configure_optimizers
+
+
+def release_optimizer_guard(pl_module: L.LightningModule) -> None:
+    vars(pl_module).pop("configure_optimizers", None)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -30,13 +28,15 @@ class PoissonLoaderFactory:
         self.num_examples: int | None = None
         self.steps_per_epoch: int | None = None
         self._source: object | None = None
-        self._original: Callable[[], DataLoader] | None = None
         self._built: DataLoader | None = None
 
     def attach(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Route the train loader of the data module (or of the module) through :meth:`_build`."""
+        if not self.poisson:
+            return
         source = trainer.datamodule if trainer.datamodule is not None else pl_module
         original = source.train_dataloader
-        self._source, self._original = source, original
+        self._source = source
         world_size, rank = trainer.world_size, trainer.global_rank
 
         def train_dataloader() -> DataLoader:
@@ -50,16 +50,26 @@ class PoissonLoaderFactory:
             del self._source.train_dataloader
         self._source = None
 
-    def check_train_loader(self, loader: object) -> None:
-        """Refuse a train loader that this factory did not build (someone replaced it after setup)."""
-        if self._built is None or (self.poisson and loader is not self._built):
+    def check_train_loader(self, loader: object, world_size: int) -> None:
+        """Refuse a train loader this factory did not build; with the opt-out, adopt the loader as it is."""
+        if not self.poisson:
+            self._adopt(loader, world_size)
+        elif self._built is None or loader is not self._built:
             raise MisconfigurationException(
                 "DPCallback: the train loader in use was not built by DPCallback, so its batches are not Poisson "
                 "samples; let the callback build it (define train_dataloader() on the data module) or pass "
                 "DPCallback(poisson_sampling=False) to accept approximate accounting"
             )
 
-    def _build(self, loader: DataLoader, rank: int, world_size: int) -> DataLoader:
+    def _adopt(self, loader: object, world_size: int) -> None:
+        self._measure(loader, world_size)
+        self.steps_per_epoch = len(loader)
+        rank_zero_warn(
+            "DPCallback(poisson_sampling=False): batches are shuffled, not Poisson-sampled; the reported "
+            "epsilon assumes Poisson sampling and is only an approximation"
+        )
+
+    def _measure(self, loader: object, world_size: int) -> None:
         if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
             raise MisconfigurationException(
                 "DPCallback needs a map-style DataLoader (len + indexing) to Poisson-sample; got "
@@ -67,13 +77,9 @@ class PoissonLoaderFactory:
             )
         self.num_examples = len(loader.dataset)
         self.sample_rate = self._rate(loader, world_size)
-        if not self.poisson:
-            rank_zero_warn(
-                "DPCallback(poisson_sampling=False): batches are shuffled, not Poisson-sampled; the reported "
-                "epsilon assumes Poisson sampling and is only an approximation"
-            )
-            self.steps_per_epoch = len(loader)
-            return loader
+
+    def _build(self, loader: DataLoader, rank: int, world_size: int) -> DataLoader:
+        self._measure(loader, world_size)
         self._check_sampler(loader)
         sampler = PoissonBatchSampler(self.num_examples, self.sample_rate, seed=self.seed, rank=rank,
                                       world_size=world_size)

@@ -1,0 +1,61 @@
+"""Poisson sampling: rate, independence across ranks, determinism, empty batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler
+
+
+def test_batch_sizes_match_the_sample_rate():
+    sampler = PoissonBatchSampler(2000, 0.05, steps_per_epoch=400, seed=1)
+    sizes = torch.tensor([len(b) for b in sampler], dtype=torch.float)
+    assert sizes.mean().item() == pytest.approx(100, rel=0.03)
+    # binomial variance n q (1-q) = 95: a fixed-size sampler would have variance 0
+    assert sizes.var().item() == pytest.approx(95, rel=0.25)
+
+
+def test_each_example_is_included_with_probability_q():
+    sampler = PoissonBatchSampler(50, 0.2, steps_per_epoch=3000, seed=2)
+    counts = torch.zeros(50)
+    for indices in sampler:
+        counts[indices] += 1
+    assert (counts / 3000).sub(0.2).abs().max() < 0.035
+
+
+def test_ranks_partition_one_global_poisson_sample():
+    full = list(PoissonBatchSampler(300, 0.1, seed=3))
+    shards = [list(PoissonBatchSampler(300, 0.1, seed=3, rank=r, world_size=2)) for r in range(2)]
+    assert len(shards[0]) == len(shards[1]) == len(full)
+    for whole, a, b in zip(full, *shards, strict=True):
+        assert sorted(a + b) == whole and not set(a) & set(b)
+
+
+def test_masks_depend_on_seed_and_epoch_only():
+    a, b = PoissonBatchSampler(100, 0.3, seed=4), PoissonBatchSampler(100, 0.3, seed=4)
+    assert list(a) == list(b)
+    b.set_epoch(1)
+    assert list(a) != list(b)
+
+
+def test_default_steps_per_epoch_is_one_over_q():
+    assert len(PoissonBatchSampler(1000, 0.01)) == 100
+    assert len(PoissonBatchSampler(1000, 1.0)) == 1
+
+
+@pytest.mark.parametrize("kwargs", [{"sample_rate": 0.0}, {"sample_rate": 1.5}, {"num_examples": 0}])
+def test_rejects_bad_arguments(kwargs):
+    args = {"num_examples": 10, "sample_rate": 0.5} | kwargs
+    with pytest.raises(ValueError):
+        PoissonBatchSampler(**args)
+
+
+def test_empty_batch_collates_to_zero_length_tensors_of_the_right_shape():
+    data = TensorDataset(torch.rand(5, 1, 8, 8), torch.arange(5))
+    collate = EmptySafeCollate(data)
+    x, y = collate([])
+    assert x.shape == (0, 1, 8, 8) and y.shape == (0,) and y.dtype == torch.int64
+    x, y = collate([data[0], data[1]])
+    assert x.shape == (2, 1, 8, 8)

@@ -1,0 +1,71 @@
+"""Tests for the registered paper networks (cnn_tanh, mlp_tanh)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dprobust.models import create_model, dp_incompatibilities, list_models
+
+SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
+
+# Hand-derived parameter counts for 10 classes (weights + biases):
+#   1x28x28: Papernot et al. 2020 / DP-CERT / DP-Adv specs: 1,040 + 8,224 + 16,416 + 330 = 26,010.
+#   3x32x32: conv1 3*16*64+16 = 3,088; conv2 8,224; map 32x5x5 -> fc1 800*32+32 = 25,632; fc2 330.
+#   1x8x8 (3x3 convs): 1*16*9+16 = 160; 16*32*9+32 = 4,640; map 32x6x6 -> fc1 1152*32+32 = 36,896; fc2 330.
+CNN_PARAMS = {(1, 28, 28): 26_010, (3, 32, 32): 37_274, (1, 8, 8): 42_026}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", list_models())
+def test_every_registered_model_builds_and_runs(name: str, shape: tuple[int, int, int]) -> None:
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=7, input_shape=shape)
+    logits = model(torch.rand(3, *shape))
+    assert logits.shape == (3, 7)
+    assert torch.isfinite(logits).all()
+    assert dp_incompatibilities(model) == []
+
+
+@pytest.mark.parametrize(("shape", "expected"), CNN_PARAMS.items())
+def test_cnn_tanh_parameter_counts(shape: tuple[int, int, int], expected: int) -> None:
+    model = create_model("cnn_tanh", num_classes=10, input_shape=shape)
+    assert sum(p.numel() for p in model.net.parameters()) == expected
+
+
+def test_cnn_tanh_mnist_layer_shapes_match_papernot() -> None:
+    net = create_model("cnn_tanh", num_classes=10, input_shape=(1, 28, 28)).net
+    seen = {}
+
+    def record(name: str):
+        def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            seen[name] = tuple(output.shape[1:])
+
+        return hook
+
+    for name in ("pool1", "pool2", "fc1"):
+        getattr(net, name).register_forward_hook(record(name))
+    net(torch.rand(2, 1, 28, 28))
+    assert seen == {"pool1": (16, 13, 13), "pool2": (32, 4, 4), "fc1": (32,)}
+    assert (net.conv1.kernel_size, net.conv1.stride, net.conv1.padding) == ((8, 8), (2, 2), (3, 3))
+    assert (net.conv2.kernel_size, net.conv2.stride, net.conv2.padding) == ((4, 4), (2, 2), (0, 0))
+
+
+def test_cnn_tanh_output_is_bounded_tanh_features() -> None:
+    net = create_model("cnn_tanh", num_classes=10, input_shape=(1, 28, 28)).net
+    with torch.no_grad():
+        net.fc2.weight.fill_(1.0)
+        net.fc2.bias.zero_()
+        logits = net(100 * torch.randn(4, 1, 28, 28))
+    assert logits.abs().max() <= 32  # 32 tanh units, each in [-1, 1]
+
+
+def test_cnn_tanh_large_input_and_kwargs() -> None:
+    model = create_model("cnn_tanh", num_classes=5, input_shape=(3, 64, 64), hidden=None, channels=(8, 16))
+    assert model.net.conv1.out_channels == 8 and model.net.fc1.out_features == 32
+    assert model(torch.rand(2, 3, 64, 64)).shape == (2, 5)
+
+
+def test_cnn_tanh_rejects_tiny_images() -> None:
+    with pytest.raises(ValueError, match="H, W >= 3"):
+        create_model("cnn_tanh", num_classes=10, input_shape=(1, 2, 8))

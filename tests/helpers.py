@@ -25,3 +25,34 @@ def quiet_trainer(tmp_path, **kwargs) -> L.Trainer:
 
 def digits(batch_size: int = 64, **kwargs) -> DigitsDataModule:
     return DigitsDataModule(batch_size=batch_size, **kwargs)
+
+
+def read_wandb_history(run_file) -> list[dict]:
+    """Decode the history rows of an offline W&B run file (``run-*.wandb``).
+
+    The file is a LevelDB-style log (7-byte ``:W&B`` header, 32 KiB blocks, records with a 7-byte header of
+    crc32c, little-endian length and type) of ``wandb_internal_pb2.Record`` messages.
+    """
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = open(run_file, "rb").read()  # noqa: SIM115
+    assert data[:4] == b":W&B", "not a W&B run file"
+    block, position, pending, rows = 32768, 7, b"", []
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # block trailer too short for a header: skip to the next block
+            position += block - position % block
+            continue
+        length, kind = struct.unpack("<HB", data[position + 4 : position + 7])
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # FULL or LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.HasField("history"):
+                rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows

@@ -1,0 +1,62 @@
+"""Runs DP-SGD on digits under Lightning DDP (gloo, CPU) and saves each rank's parameters and accounting.
+
+Usage: ``python tests/callbacks/ddp_run.py OUT_DIR DEVICES BATCH_SIZE_PER_DEVICE [zero]`` (launched by
+test_ddp.py). With ``zero`` every example's loss is constant, so the averaged gradient is pure noise and its
+scale shows how many times noise was added.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from lightning_dprobust.callbacks import DPCallback
+from lightning_dprobust.data import DigitsDataModule
+from lightning_dprobust.methods import DPSGD
+
+
+class ZeroGradient(DPSGD):
+    def per_example_loss(self, x, y):
+        return 0.0 * self(x).sum(dim=1)
+
+
+class GradientRecorder(L.Callback):
+    def __init__(self):
+        self.grads = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]).clone())
+
+
+def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> None:
+    L.seed_everything(0)
+    torch.set_num_threads(1)
+    callback = DPCallback(max_grad_norm=1.0, noise_multiplier=1.2, delta=1e-5)
+    recorder = GradientRecorder()
+    trainer = L.Trainer(
+        accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=2,
+        use_distributed_sampler=False, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback, recorder],
+        max_steps=3 if zero_gradient else -1,
+    )
+    module = (ZeroGradient if zero_gradient else DPSGD)(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5)
+    initial = torch.cat([p.detach().flatten() for p in module.parameters()])
+    trainer.fit(module, DigitsDataModule(batch_size=batch_size))
+    state = {
+        "initial": initial,
+        "grads": torch.stack(recorder.grads),
+        "params": torch.cat([p.detach().flatten() for p in module.parameters()]),
+        "epsilon": callback.epsilon(),
+        "ledger": callback.ledger.state_dict(),
+        "sample_rate": callback.loaders.sample_rate,
+        "steps": trainer.global_step,
+        "world_size": trainer.world_size,
+    }
+    torch.save(state, out_dir / f"rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["zero"])

@@ -1,0 +1,45 @@
+"""DDP with 2 gloo processes on CPU: replicas stay identical and the epsilon equals the single-process run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).with_name("ddp_run.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(out_dir: Path, devices: int, batch_size: int, *extra: str) -> list[dict]:
+    out_dir.mkdir()
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out_dir), str(devices), str(batch_size), *extra],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]
+
+
+def test_two_ranks_keep_identical_replicas_and_account_like_one_process(tmp_path):
+    ranks = launch(tmp_path / "ddp", devices=2, batch_size=64)
+    single = launch(tmp_path / "single", devices=1, batch_size=128)[0]
+
+    assert ranks[0]["world_size"] == 2
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    assert ranks[0]["ledger"] == ranks[1]["ledger"]
+    assert ranks[0]["sample_rate"] == single["sample_rate"] == 128 / 1293
+    assert ranks[0]["steps"] == single["steps"]
+    assert ranks[0]["epsilon"] == single["epsilon"] > 0
+    assert not torch.equal(ranks[0]["params"], ranks[0]["initial"])
+
+
+def test_noise_is_added_once_for_the_global_batch(tmp_path):
+    ranks = launch(tmp_path / "ddp", 2, 64, "zero")
+    torch.testing.assert_close(ranks[0]["grads"], ranks[1]["grads"], rtol=0, atol=0)
+    noise_on_sum = ranks[0]["grads"] * ranks[0]["sample_rate"] * 1293
+    # once: std = sigma * C = 1.2; added on both ranks it would be 1.2 * sqrt(2) = 1.7
+    assert abs(noise_on_sum.std().item() - 1.2) < 0.05

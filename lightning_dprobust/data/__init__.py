@@ -1,6 +1,35 @@
 """Data modules: each yields unnormalized ``[0, 1]`` images (DESIGN.md, contract 1)."""
 
-from lightning_dprobust.data.base import DatasetNotFoundError, ImageDataModule, resolve_data_dir
-from lightning_dprobust.data.digits import DigitsDataModule
+from __future__ import annotations
 
-__all__ = ["DatasetNotFoundError", "DigitsDataModule", "ImageDataModule", "resolve_data_dir"]
+from lightning_dprobust.data.base import DatasetNotFoundError, ImageDataModule, resolve_data_dir
+from lightning_dprobust.data.celeba import CelebADataModule
+from lightning_dprobust.data.cifar10 import CIFAR10DataModule
+from lightning_dprobust.data.digits import DigitsDataModule
+from lightning_dprobust.data.idc import IDCDataModule
+from lightning_dprobust.data.mnist import FashionMNISTDataModule, MNISTDataModule
+from lightning_dprobust.data.tiny_imagenet import TinyImageNetDataModule
+
+DATAMODULES: dict[str, type[ImageDataModule]] = {
+    "digits": DigitsDataModule,
+    "mnist": MNISTDataModule,
+    "fashion_mnist": FashionMNISTDataModule,
+    "cifar10": CIFAR10DataModule,
+    "tiny_imagenet": TinyImageNetDataModule,
+    "celeba": CelebADataModule,
+    "idc": IDCDataModule,
+}
+
+__all__ = [
+    "DATAMODULES",
+    "CIFAR10DataModule",
+    "CelebADataModule",
+    "DatasetNotFoundError",
+    "DigitsDataModule",
+    "FashionMNISTDataModule",
+    "IDCDataModule",
+    "ImageDataModule",
+    "MNISTDataModule",
+    "TinyImageNetDataModule",
+    "resolve_data_dir",
+]

@@ -49,9 +49,7 @@ class DigitsDataModule(ImageDataModule):
         images, labels = load_digits_arrays()
         index = np.arange(len(labels))
         rest, test = train_test_split(index, test_size=self.test_fraction, stratify=labels, random_state=self.seed)
-        train, val = train_test_split(
-            rest, test_size=self.val_fraction, stratify=labels[rest], random_state=self.seed
-        )
+        train, val = train_test_split(rest, test_size=self.val_fraction, stratify=labels[rest], random_state=self.seed)
         x, y = torch.from_numpy(images), torch.from_numpy(labels)
         self.train_set = TensorDataset(x[train], y[train])
         self.val_set = TensorDataset(x[val], y[val])

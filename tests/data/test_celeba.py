@@ -93,15 +93,27 @@ def test_missing_and_truncated_images_are_named(tmp_path, values):
 
 
 def test_missing_files_error_says_what_where_and_how(tmp_path):
-    (tmp_path / "img_align_celeba").mkdir()
     with pytest.raises(DatasetNotFoundError) as error:
         CelebADataModule(data_dir=str(tmp_path)).setup()
     message = str(error.value)
     for expected in (
-        "list_attr_celeba.txt, list_eval_partition.txt",
+        "missing img_align_celeba, list_attr_celeba.txt, list_eval_partition.txt",
         str(tmp_path),
         "--data.data_dir",
         "DPROBUST_DATA",
     ):
         assert expected in message
     assert "https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html" in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"), [(lambda row: row[:-3], "cannot parse"), (lambda row: row[:-2] + "0", "-1 or 1")]
+)
+def test_malformed_attribute_row_is_rejected(tmp_path, monkeypatch, edit, reason):
+    write_celeba(tmp_path, PARTITION)
+    monkeypatch.setattr("torchvision.datasets.utils.check_integrity", lambda *args, **kwargs: True)
+    lines = (tmp_path / "list_attr_celeba.txt").read_text().splitlines()
+    lines[4] = edit(lines[4])
+    (tmp_path / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetNotFoundError, match=f"list_attr_celeba.txt .*{reason}"):
+        CelebADataModule(data_dir=str(tmp_path)).setup()

@@ -1,0 +1,74 @@
+"""Seeded splits: a random train/validation split and a split that keeps each group (patient) in one split."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from torch.utils.data import Dataset, Subset
+
+
+def check_fraction(key: str, value: float, allow_zero: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` lies in ``(0, 1)`` (``[0, 1)`` with ``allow_zero``)."""
+    low_ok = value >= 0.0 if allow_zero else value > 0.0
+    if not (low_ok and value < 1.0):
+        interval = "[0, 1)" if allow_zero else "(0, 1)"
+        raise ValueError(f"{key} must lie in {interval}, got {value}: set --data.{key} to e.g. 0.1")
+
+
+def random_split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``range(n)`` into sorted train and validation indices, ``round(n * val_fraction)`` of them validation.
+
+    The split is a deterministic function of ``(n, val_fraction, seed)``: the validation indices are the first ones
+    of a permutation drawn by ``numpy.random.default_rng(seed)``.
+    """
+    check_fraction("val_fraction", val_fraction, allow_zero=True)
+    n_val = int(round(n * val_fraction))
+    if n_val >= n:
+        raise ValueError(f"val_fraction={val_fraction} leaves no training examples out of {n}: lower it")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def split_dataset(dataset: Dataset, val_fraction: float, seed: int) -> tuple[Subset, Subset]:
+    """Split ``dataset`` into train and validation subsets as :func:`random_split_indices` does."""
+    train, val = random_split_indices(len(dataset), val_fraction, seed)  # type: ignore[arg-type]
+    return Subset(dataset, train.tolist()), Subset(dataset, val.tolist())
+
+
+def split_groups(groups: Sequence[str], targets: Sequence[int], seed: int) -> list[np.ndarray]:
+    """Split examples into ``len(targets) + 1`` parts so that no group (e.g. patient) is in two parts.
+
+    The distinct groups are visited in an order drawn by ``numpy.random.default_rng(seed)``. Each goes whole into
+    the first part that holds fewer than its target number of examples; once every target is met the rest form the
+    last part. Each of the first parts therefore holds at least its target, exceeding it by less than the size of
+    one group.
+
+    Args:
+        groups: the group of each example.
+        targets: the wanted number of examples of each part but the last.
+        seed: seed of the order in which groups are assigned.
+
+    Returns:
+        The sorted example indices of each part.
+
+    Raises:
+        ValueError: if a part ends up empty (too few groups for the targets).
+    """
+    names, group_of = np.unique(np.asarray(groups), return_inverse=True)
+    sizes = np.bincount(group_of, minlength=len(names))
+    part_of_group = np.empty(len(names), dtype=np.int64)
+    filled = np.zeros(len(targets) + 1, dtype=np.int64)
+    part = 0
+    for group in np.random.default_rng(seed).permutation(len(names)):
+        while part < len(targets) and filled[part] >= targets[part]:
+            part += 1
+        part_of_group[group] = part
+        filled[part] += sizes[group]
+    if (filled == 0).any():
+        raise ValueError(
+            f"{len(names)} groups cannot fill {len(targets) + 1} non-empty parts with targets {list(targets)}: "
+            "use more data or smaller split sizes"
+        )
+    part_of_example = part_of_group[group_of]
+    return [np.flatnonzero(part_of_example == k) for k in range(len(targets) + 1)]

@@ -1,0 +1,81 @@
+"""Base for the data modules that read their files through a torchvision dataset class (MNIST, CIFAR-10)."""
+
+from __future__ import annotations
+
+import pickle
+
+import torch
+from torchvision.datasets import VisionDataset
+from torchvision.transforms import ToTensor
+from typing_extensions import override
+
+from lightning_dprobust.data.base import ImageDataModule
+from lightning_dprobust.data.files import DatasetSource
+from lightning_dprobust.data.splits import check_fraction, split_dataset
+
+LOAD_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, EOFError, OSError, pickle.UnpicklingError)
+
+
+class VisionDataModule(ImageDataModule):
+    """A torchvision dataset's official train set split into train/val by ``seed``, and its test set.
+
+    Subclasses set ``dataset_cls`` (a torchvision class taking ``root, train, transform, download``), ``source``,
+    ``folder`` (where the files lie under ``data_dir``) and implement :meth:`check_files`. Images come out of
+    ``ToTensor`` as ``float32`` in ``[0, 1]``; labels are ``int64`` class indices.
+
+    Args:
+        download: let torchvision download the files into ``data_dir`` when they are missing (in ``prepare_data``,
+            on one process). A failed download raises ``DatasetNotFoundError``.
+        val_fraction: fraction of the official training set held out for validation (``0`` for none).
+        **kwargs: see :class:`~lightning_dprobust.data.base.ImageDataModule`.
+
+    Raises:
+        DatasetNotFoundError: in ``setup`` when a file is missing, truncated or fails its MD5 check.
+    """
+
+    dataset_cls: type[VisionDataset]
+    source: DatasetSource
+    folder: str = ""
+
+    def __init__(self, download: bool = False, val_fraction: float = 0.1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        check_fraction("val_fraction", val_fraction, allow_zero=True)
+        self.download = download
+        self.val_fraction = val_fraction
+
+    def check_files(self) -> None:
+        """Raise ``DatasetNotFoundError`` unless every file exists and passes its integrity check."""
+        raise NotImplementedError
+
+    @override
+    def prepare_data(self) -> None:
+        if not self.download:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dataset_cls(str(self.data_dir), train=False, download=True)
+        except (RuntimeError, OSError) as err:
+            raise self.source.download_failed(self.data_dir, err) from err
+
+    @override
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        self.check_files()
+        train, test = self._load(train=True), self._load(train=False)
+        self.train_set, self.val_set = split_dataset(train, self.val_fraction, self.seed)
+        self.test_set = test
+
+    def _load(self, train: bool) -> VisionDataset:
+        try:
+            dataset = self.dataset_cls(str(self.data_dir), train=train, transform=ToTensor())
+        except LOAD_ERRORS as err:
+            raise self.source.corrupt(
+                self.data_dir, self.data_dir / self.folder, f"{type(err).__name__}: {err}"
+            ) from err
+        labels = torch.as_tensor(dataset.targets)
+        if len(labels) == 0 or labels.min() < 0 or labels.max() >= self.num_classes:
+            raise self.source.corrupt(
+                self.data_dir, self.data_dir / self.folder, f"labels must be class indices in [0, {self.num_classes})"
+            )
+        return dataset

@@ -1,0 +1,449 @@
+"""Privacy accounting for the Poisson-subsampled Gaussian mechanism (DP-SGD).
+
+Three accountants turn a history of DP-SGD steps into an ``(epsilon, delta)`` guarantee with respect to adding or
+removing one training example:
+
+- ``"rdp"``: Renyi DP of the subsampled Gaussian mechanism (Mironov, Talwar, Zhang 2019,
+  https://arxiv.org/abs/1908.10530), composed additively and converted with Balle et al. 2020, Theorem 21
+  (https://arxiv.org/abs/1905.09982). A guaranteed upper bound; fast (milliseconds). The default.
+- ``"prv"``: numerical composition of privacy loss random variables (Gopi, Lee, Wutschitz 2021,
+  https://arxiv.org/abs/2106.02848) through Opacus' ``PRVAccountant``. Returns the upper end of an interval
+  of width ``eps_error=0.01``, so it is a guarantee up to that numerical error, and tighter than RDP.
+  It takes seconds per call: do not call it every step.
+- ``"gdp"``: mu-Gaussian DP through the central limit theorem for Poisson subsampling (Bu, Dong, Long, Su 2019,
+  https://arxiv.org/abs/1911.11607). An asymptotic approximation that can *underestimate* epsilon; it requires
+  one constant ``(noise_multiplier, sample_rate)`` over the whole history.
+
+The module imports only numpy and scipy; Opacus (and with it torch) is imported when the PRV accountant is used.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import optimize, special
+
+ACCOUNTANTS = ("rdp", "prv", "gdp")
+DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + [float(a) for a in range(12, 64)])
+
+_LOG_TERM_CUTOFF = -30.0  # series terms below exp(-30) are dropped; every A_alpha is >= 1
+_MAX_SERIES_TERMS = 1 << 22
+_MAX_NOISE_MULTIPLIER = 1e4
+_MIN_NOISE_MULTIPLIER = 1e-3
+_MAX_BUDGET_STEPS = 1 << 40
+
+
+@dataclass(frozen=True)
+class PrivacyEvent:
+    """``steps`` DP-SGD steps, each a Gaussian mechanism with ``noise_multiplier`` on a Poisson sample of rate ``q``.
+
+    Guarantees on construction: ``noise_multiplier`` is a finite float > 0, ``0 < sample_rate <= 1`` and ``steps``
+    is an int >= 0; anything else raises ``ValueError``.
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        sigma, q = float(self.noise_multiplier), float(self.sample_rate)
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"noise_multiplier={self.noise_multiplier!r} must be a finite number > 0")
+        if not 0 < q <= 1:
+            raise ValueError(f"sample_rate={self.sample_rate!r} must lie in (0, 1] (the Poisson sampling probability)")
+        if not _is_count(self.steps, minimum=0):
+            raise ValueError(f"steps={self.steps!r} must be an int >= 0")
+        object.__setattr__(self, "noise_multiplier", sigma)
+        object.__setattr__(self, "sample_rate", q)
+        object.__setattr__(self, "steps", int(self.steps))
+
+
+def _is_count(value: Any, minimum: int) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= minimum
+
+
+def _as_event(item: PrivacyEvent | Sequence[Any]) -> PrivacyEvent:
+    if isinstance(item, PrivacyEvent):
+        return item
+    if isinstance(item, (tuple, list)) and len(item) == 3:
+        return PrivacyEvent(*item)
+    raise ValueError(f"history entry {item!r} must be a PrivacyEvent or a (noise_multiplier, sample_rate, steps)")
+
+
+def _check_delta(delta: float) -> float:
+    if not 0 < delta < 1:
+        raise ValueError(f"delta={delta!r} must lie in (0, 1); a common choice is default_delta(num_examples)")
+    return float(delta)
+
+
+def _check_accountant(accountant: str) -> None:
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant={accountant!r} is unknown; choose one of {ACCOUNTANTS}")
+
+
+# --------------------------------------------------------------------------------------------------------------- RDP
+
+
+def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
+    """``log A_alpha`` for integer ``alpha``: binomial expansion of ``E_{z~mu0}[(mu(z)/mu0(z))^alpha]`` (MTZ19 §3.2)."""
+    k = np.arange(alpha + 1, dtype=np.float64)
+    log_binom = special.gammaln(alpha + 1) - special.gammaln(k + 1) - special.gammaln(alpha - k + 1)
+    log_terms = log_binom + k * math.log(q) + (alpha - k) * math.log1p(-q) + k * (k - 1) / (2 * sigma**2)
+    return float(special.logsumexp(log_terms))
+
+
+def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
+    """``log A_alpha`` for fractional ``alpha`` (MTZ19 §3.3).
+
+    The integral is split at ``z0``, where ``(1 - q) mu0 = q mu1``. Below ``z0`` the integrand is expanded as a
+    generalized binomial series in ``q mu1 / ((1 - q) mu0)``, above it in ``(1 - q) mu0 / (q mu1)``; each term is a
+    Gaussian moment times a Gaussian tail probability. Terms are summed with signs in log space and the series is
+    extended until its last terms fall below ``exp(-30)`` (past ``alpha`` the series alternates, so the truncation
+    error is below the first dropped term).
+    """
+    z0 = sigma**2 * (math.log1p(-q) - math.log(q)) + 0.5
+    num_terms = 64
+    while True:
+        i = np.arange(num_terms, dtype=np.float64)
+        j = alpha - i
+        coef = special.binom(alpha, i)
+        log_coef = np.log(np.abs(coef))
+        below = log_coef + i * math.log(q) + j * math.log1p(-q) + i * (i - 1) / (2 * sigma**2)
+        below += special.log_ndtr((z0 - i) / sigma)
+        above = log_coef + j * math.log(q) + i * math.log1p(-q) + j * (j - 1) / (2 * sigma**2)
+        above += special.log_ndtr((j - z0) / sigma)
+        if max(below[-1], above[-1]) < _LOG_TERM_CUTOFF and num_terms > alpha + 1:
+            break
+        if num_terms >= _MAX_SERIES_TERMS:
+            return math.inf  # not converged: give up on this order rather than under-report it
+        num_terms *= 4
+    signs = np.sign(coef)
+    log_a, sign = special.logsumexp(np.concatenate([below, above]), b=np.concatenate([signs, signs]), return_sign=True)
+    return float(log_a) if sign > 0 else math.inf
+
+
+def compute_rdp(
+    sample_rate: float, noise_multiplier: float, steps: int, orders: Sequence[float] = DEFAULT_RDP_ORDERS
+) -> np.ndarray:
+    """Renyi DP of ``steps`` compositions of the Poisson-subsampled Gaussian mechanism.
+
+    Implements Mironov, Talwar, Zhang 2019 (https://arxiv.org/abs/1908.10530): for order ``alpha`` one step is
+    ``(alpha, log(A_alpha) / (alpha - 1))``-RDP with ``A_alpha = E_{z~N(0, s^2)}[((1 - q) + q exp((2z - 1) / (2 s^2)))
+    ^alpha]``, exact for integer orders and by a convergent series for fractional ones; RDP composes additively.
+
+    Args:
+        sample_rate: Poisson sampling probability ``q`` in (0, 1].
+        noise_multiplier: noise std divided by the L2 sensitivity, > 0.
+        steps: number of compositions, >= 0.
+        orders: Renyi orders, each > 1.
+
+    Returns:
+        The RDP value at every order (float64 array, >= 0, the same length as ``orders``).
+    """
+    event = PrivacyEvent(noise_multiplier, sample_rate, steps)
+    alphas = np.asarray(orders, dtype=np.float64)
+    if alphas.ndim != 1 or not np.all(alphas > 1) or not np.all(np.isfinite(alphas)):
+        raise ValueError(f"orders must be a 1-D sequence of finite Renyi orders > 1, got {orders!r}")
+    q, sigma = event.sample_rate, event.noise_multiplier
+    if event.steps == 0:
+        return np.zeros_like(alphas)
+    if q == 1.0:
+        return event.steps * alphas / (2 * sigma**2)
+    log_a = [
+        _log_a_integer(q, sigma, int(a)) if float(a).is_integer() else _log_a_fractional(q, sigma, float(a))
+        for a in alphas
+    ]
+    return np.maximum(event.steps * np.asarray(log_a) / (alphas - 1), 0.0)
+
+
+def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> tuple[float, float]:
+    """Converts RDP at several orders to ``(epsilon, delta)``-DP, taking the best order.
+
+    Uses Balle, Barthe, Gaboardi, Hsu, Sato 2020, Theorem 21 (https://arxiv.org/abs/1905.09982), as Opacus does:
+    ``epsilon = rdp - (log(delta) + log(alpha)) / (alpha - 1) + log((alpha - 1) / alpha)``, clipped below at 0.
+    When the best order is the smallest or largest given, a wider order grid may give a smaller (still valid) value.
+
+    Returns:
+        ``(epsilon, best_order)``; ``(inf, nan)`` when every order is infinite or undefined.
+    """
+    alphas, values = np.asarray(orders, dtype=np.float64), np.asarray(rdp, dtype=np.float64)
+    if alphas.shape != values.shape or alphas.ndim != 1 or alphas.size == 0:
+        raise ValueError(f"orders and rdp must be 1-D and of equal length, got {alphas.shape} and {values.shape}")
+    if not np.all(alphas > 1):
+        raise ValueError("every Renyi order must be > 1")
+    delta = _check_delta(delta)
+    with np.errstate(invalid="ignore"):
+        eps = values - (math.log(delta) + np.log(alphas)) / (alphas - 1) + np.log((alphas - 1) / alphas)
+    if not np.any(np.isfinite(eps)):
+        return math.inf, math.nan
+    best = int(np.nanargmin(eps))
+    return max(0.0, float(eps[best])), float(alphas[best])
+
+
+def _rdp_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:
+    rdp = sum(compute_rdp(e.sample_rate, e.noise_multiplier, e.steps) for e in events)
+    return rdp_to_epsilon(DEFAULT_RDP_ORDERS, rdp, delta)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------- PRV, GDP
+
+
+def _prv_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:
+    from opacus.accountants import PRVAccountant
+
+    accountant = PRVAccountant()
+    accountant.history = [(e.noise_multiplier, e.sample_rate, e.steps) for e in events]
+    try:
+        with warnings.catch_warnings(), np.errstate(divide="ignore"):
+            # Opacus sizes the PRV domain with its own RDP bound, which warns about its order grid.
+            warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)
+            return float(accountant.get_epsilon(delta))
+    except (RuntimeError, ValueError) as error:
+        raise RuntimeError(
+            f"the PRV accountant failed on history {accountant.history} at delta={delta:g} ({error}); "
+            "use accountant='rdp', which always returns a valid upper bound"
+        ) from error
+
+
+def gdp_mu_to_epsilon(mu: float, delta: float) -> float:
+    """Smallest ``epsilon`` such that ``mu``-GDP implies ``(epsilon, delta)``-DP (Dong, Roth, Su 2019, Cor. 2.13).
+
+    Solves ``delta = Phi(-eps/mu + mu/2) - exp(eps) Phi(-eps/mu - mu/2)`` (https://arxiv.org/abs/1905.02383) by
+    Brent's method; the right side is decreasing in ``eps``. Exact for ``mu``-GDP mechanisms.
+    """
+    delta = _check_delta(delta)
+    if not mu >= 0:
+        raise ValueError(f"mu={mu!r} must be >= 0")
+    if mu == 0:
+        return 0.0
+    if not math.isfinite(mu):
+        return math.inf
+
+    def excess(eps: float) -> float:
+        tight = math.exp(special.log_ndtr(-eps / mu + mu / 2)) - math.exp(eps + special.log_ndtr(-eps / mu - mu / 2))
+        return tight - delta
+
+    if excess(0.0) <= 0:
+        return 0.0
+    upper = 1.0
+    while excess(upper) > 0:
+        upper *= 2
+    return float(optimize.brentq(excess, upper / 2 if upper > 1 else 0.0, upper, xtol=1e-12, rtol=1e-12))
+
+
+def gdp_epsilon(history: Iterable[PrivacyEvent | Sequence[Any]], delta: float) -> float:
+    """Epsilon of DP-SGD by the central limit theorem for Poisson subsampling (Bu, Dong, Long, Su 2019).
+
+    ``T`` steps of rate ``q`` and noise ``sigma`` are approximately ``mu``-GDP with
+    ``mu = q sqrt(T (exp(1 / sigma^2) - 1))`` (https://arxiv.org/abs/1911.11607, Theorem 1, as Opacus' GDP
+    accountant). Asymptotic: it can underestimate epsilon for few steps or large ``q``.
+
+    Raises:
+        ValueError: when the history mixes several ``(noise_multiplier, sample_rate)`` pairs.
+    """
+    events = PrivacyLedger(history).history
+    pairs = {(e.noise_multiplier, e.sample_rate) for e in events}
+    if len(pairs) > 1:
+        raise ValueError(
+            f"the 'gdp' accountant needs one constant (noise_multiplier, sample_rate), got {sorted(pairs)}; "
+            "use accountant='rdp' or 'prv' for a varying schedule"
+        )
+    if not events:
+        return 0.0
+    sigma, q = events[0].noise_multiplier, events[0].sample_rate
+    with np.errstate(over="ignore"):
+        mu = q * math.sqrt(sum(e.steps for e in events) * float(np.expm1(np.float64(sigma) ** -2)))
+    return gdp_mu_to_epsilon(mu, delta)
+
+
+_EPSILON_FUNCTIONS: dict[str, Callable[[Sequence[PrivacyEvent], float], float]] = {
+    "rdp": _rdp_epsilon,
+    "prv": _prv_epsilon,
+    "gdp": gdp_epsilon,
+}
+
+
+def epsilon_for(history: Iterable[PrivacyEvent | Sequence[Any]], delta: float, accountant: str = "rdp") -> float:
+    """Epsilon spent by a history of ``(noise_multiplier, sample_rate, steps)`` events at ``delta``.
+
+    Returns 0.0 for a history without steps. See the module docstring for what each accountant guarantees.
+    """
+    _check_accountant(accountant)
+    delta = _check_delta(delta)
+    events = PrivacyLedger(history).history
+    if not events:
+        return 0.0
+    return _EPSILON_FUNCTIONS[accountant](events, delta)
+
+
+def default_delta(num_examples: int) -> float:
+    """``1 / (10 n)`` rounded down to a power of ten (``1293 -> 1e-5``, ``60000 -> 1e-6``), so ``delta << 1/n``."""
+    if not _is_count(num_examples, minimum=1):
+        raise ValueError(f"num_examples={num_examples!r} must be a positive int (the training set size)")
+    exponent = len(str(10 * int(num_examples) - 1))
+    return float(f"1e-{exponent}")
+
+
+class PrivacyLedger:
+    """Composes privacy events: a history of ``(noise_multiplier, sample_rate, steps)``.
+
+    Consecutive events with the same ``(noise_multiplier, sample_rate)`` are merged and events without steps are
+    dropped, so the history stays short over a long run. ``state_dict`` holds plain lists, floats and ints only
+    (loadable with ``torch.load(weights_only=True)``); a ledger restored from it reports the same epsilon.
+    """
+
+    def __init__(self, history: Iterable[PrivacyEvent | Sequence[Any]] = ()) -> None:
+        self._events: list[PrivacyEvent] = []
+        for item in history:
+            event = _as_event(item)
+            self.record(event.noise_multiplier, event.sample_rate, event.steps)
+
+    def record(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
+        """Adds ``steps`` steps of ``(noise_multiplier, sample_rate)``; raises ``ValueError`` on invalid values."""
+        event = PrivacyEvent(noise_multiplier, sample_rate, steps)
+        if event.steps == 0:
+            return
+        last = self._events[-1] if self._events else None
+        if last and (last.noise_multiplier, last.sample_rate) == (event.noise_multiplier, event.sample_rate):
+            self._events[-1] = PrivacyEvent(last.noise_multiplier, last.sample_rate, last.steps + event.steps)
+        else:
+            self._events.append(event)
+
+    @property
+    def history(self) -> tuple[PrivacyEvent, ...]:
+        """The merged events, oldest first."""
+        return tuple(self._events)
+
+    @property
+    def steps(self) -> int:
+        """Total number of recorded steps."""
+        return sum(e.steps for e in self._events)
+
+    def epsilon(self, delta: float, accountant: str = "rdp") -> float:
+        """Epsilon spent so far at ``delta`` (0.0 for an empty ledger); see :func:`epsilon_for`."""
+        return epsilon_for(self._events, delta, accountant)
+
+    def state_dict(self) -> dict[str, list[list[float | int]]]:
+        """The history as ``{"history": [[noise_multiplier, sample_rate, steps], ...]}``."""
+        return {"history": [[e.noise_multiplier, e.sample_rate, e.steps] for e in self._events]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replaces the history with the one in ``state``; the ledger is unchanged if ``state`` is invalid."""
+        if not isinstance(state, dict) or "history" not in state:
+            raise ValueError(f"a PrivacyLedger state must be a dict with a 'history' key, got {state!r}")
+        self._events = PrivacyLedger(state["history"])._events
+
+    def __repr__(self) -> str:
+        return f"PrivacyLedger(history={list(self._events)!r})"
+
+
+# ----------------------------------------------------------------------------------------------- calibration, budget
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    rel_tol: float = 0.005,
+) -> float:
+    """Noise multiplier whose ``steps`` steps at ``sample_rate`` spend at most ``target_epsilon`` at ``delta``.
+
+    Doubles ``sigma`` from 1 until the target is met, then bisects (epsilon decreases in ``sigma``), like Opacus'
+    ``get_noise_multiplier``. The result satisfies ``target_epsilon * (1 - rel_tol) <= epsilon(sigma) <=
+    target_epsilon`` under ``accountant`` (only the upper bound if epsilon jumps, as PRV's numerics may); report
+    epsilon with the same accountant.
+
+    Raises:
+        ValueError: when ``steps == 0`` or the target needs ``sigma > 1e4`` (or ``sigma < 1e-3``).
+    """
+    _check_accountant(accountant)
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon={target_epsilon!r} must be a finite number > 0")
+    if not 0 < rel_tol < 1:
+        raise ValueError(f"rel_tol={rel_tol!r} must lie in (0, 1)")
+    PrivacyEvent(1.0, sample_rate, steps)  # validates sample_rate and steps
+    if steps == 0:
+        raise ValueError(
+            f"target_epsilon={target_epsilon} cannot calibrate a noise multiplier for steps=0: "
+            "any noise spends epsilon 0; pass the number of planned steps"
+        )
+
+    def epsilon_of(sigma: float) -> float:
+        return epsilon_for([(sigma, sample_rate, steps)], delta, accountant)
+
+    lo, hi, eps_hi = 0.0, 1.0, epsilon_of(1.0)
+    while eps_hi > target_epsilon:
+        if hi >= _MAX_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"target_epsilon={target_epsilon} is unreachable: even noise_multiplier={hi:g} spends "
+                f"epsilon={eps_hi:.4g}; raise target_epsilon or delta, or lower sample_rate or steps"
+            )
+        lo, hi, eps_hi = hi, 2 * hi, epsilon_of(2 * hi)
+    while eps_hi < target_epsilon * (1 - rel_tol) and hi - lo > 1e-12 * hi:
+        if hi < _MIN_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"target_epsilon={target_epsilon} is so large that noise_multiplier={hi:g} stays within it; "
+                "lower target_epsilon or set noise_multiplier directly"
+            )
+        mid = 0.5 * (lo + hi)
+        eps_mid = epsilon_of(mid)
+        if eps_mid <= target_epsilon:
+            hi, eps_hi = mid, eps_mid
+        else:
+            lo = mid
+    return hi
+
+
+def _epsilon_after(
+    past: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, delta: float, accountant: str
+) -> Callable[[int], float]:
+    """``n -> epsilon`` of ``past`` followed by ``n`` steps; for RDP the per-step vector is computed once."""
+    step = PrivacyEvent(noise_multiplier, sample_rate, 1)
+    if accountant != "rdp":
+        return lambda n: epsilon_for([*past, (noise_multiplier, sample_rate, n)], delta, accountant)
+    delta = _check_delta(delta)
+    rdp_past = sum((compute_rdp(e.sample_rate, e.noise_multiplier, e.steps) for e in past), np.zeros(1))
+    rdp_step = compute_rdp(step.sample_rate, step.noise_multiplier, 1)
+    return lambda n: rdp_to_epsilon(DEFAULT_RDP_ORDERS, rdp_past + n * rdp_step, delta)[0]
+
+
+def max_steps_within_budget(
+    epsilon_budget: float,
+    delta: float,
+    noise_multiplier: float,
+    sample_rate: float,
+    accountant: str = "rdp",
+    history: Iterable[PrivacyEvent | Sequence[Any]] = (),
+) -> int:
+    """Largest ``n`` such that ``history`` followed by ``n`` steps of ``(noise_multiplier, sample_rate)`` spends
+    at most ``epsilon_budget`` at ``delta``; 0 if even one more step exceeds it.
+
+    Exponential then binary search, assuming epsilon is non-decreasing in the number of steps (true for every
+    accountant here). Costs ``O(log n)`` epsilon evaluations: seconds each with ``accountant="prv"``.
+    """
+    _check_accountant(accountant)
+    if not (epsilon_budget >= 0 and math.isfinite(epsilon_budget)):
+        raise ValueError(f"epsilon_budget={epsilon_budget!r} must be a finite number >= 0")
+    epsilon_after = _epsilon_after(PrivacyLedger(history).history, noise_multiplier, sample_rate, delta, accountant)
+
+    def within(extra: int) -> bool:
+        return epsilon_after(extra) <= epsilon_budget
+
+    if not within(1):
+        return 0
+    good, bad = 1, 2
+    while within(bad):
+        if bad >= _MAX_BUDGET_STEPS:
+            raise ValueError(f"epsilon_budget={epsilon_budget} allows more than {bad} steps; it is no real limit")
+        good, bad = bad, 2 * bad
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if within(mid) else (good, mid)
+    return good

@@ -1,0 +1,18 @@
+"""torchmetrics metrics for robustness: certified accuracy, average certified radius, robust accuracy."""
+
+from lightning_dprobust.metrics.certified import (
+    AverageCertifiedRadius,
+    CertifiedAccuracy,
+    average_certified_radius,
+    certified_accuracy,
+)
+from lightning_dprobust.metrics.robust import RobustAccuracy, robust_accuracy
+
+__all__ = [
+    "AverageCertifiedRadius",
+    "CertifiedAccuracy",
+    "RobustAccuracy",
+    "average_certified_radius",
+    "certified_accuracy",
+    "robust_accuracy",
+]

@@ -26,7 +26,7 @@ from lightning_dprobust.core.accounting import (
     default_delta,
     max_steps_within_budget,
 )
-from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like
+from lightning_dprobust.core.per_sample import CLIPPING_RULES, PerExampleClipper, gaussian_noise_like
 
 
 class StopReason(enum.Enum):
@@ -73,6 +73,8 @@ class DPCallback(Callback):
         sample_rate: Poisson inclusion probability; default ``batch_size * world_size / n``.
         poisson_sampling: ``False`` keeps the data module's loader (approximate accounting; logged loudly).
         max_physical_batch_size: bound on examples per vectorized per-example-gradient chunk (memory).
+        clipping: ``"flat"`` (``min(1, C/||g||)``), ``"psac"`` or ``"automatic"``; each bounds every example's
+            contribution by ``C`` (see :func:`lightning_dprobust.core.per_sample.clip_factors`).
         seed: seed of the Poisson sampler.
 
     Example:
@@ -91,10 +93,14 @@ class DPCallback(Callback):
         sample_rate: float | None = None,
         poisson_sampling: bool = True,
         max_physical_batch_size: int | None = None,
+        clipping: str = "flat",
         seed: int = 0,
     ) -> None:
         _validate_arguments(max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget,
                             sample_rate)
+        if clipping not in CLIPPING_RULES:
+            raise MisconfigurationException(f"DPCallback(clipping={clipping!r}) must be one of {CLIPPING_RULES}")
+        self.clipping = clipping
         self.max_grad_norm = float(max_grad_norm)
         self.noise_multiplier = noise_multiplier
         self.target_epsilon = target_epsilon
@@ -122,7 +128,7 @@ class DPCallback(Callback):
         self.loaders.attach(trainer, pl_module)
         guard_single_optimizer(pl_module)
         self._clipper = PerExampleClipper(pl_module, "per_example_loss", self.max_grad_norm,
-                                          self.max_physical_batch_size)
+                                          self.max_physical_batch_size, self.clipping)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.loaders.check_train_loader(trainer.train_dataloader, self._world_size)

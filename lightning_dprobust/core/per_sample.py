@@ -29,6 +29,27 @@ ExampleLoss = Callable[..., Tensor]
 """``loss(*batch) -> Tensor[B]``: per-example losses of a batch; called here on batches of one example."""
 
 _NORM_EPS = 1e-6
+CLIPPING_RULES = ("flat", "psac", "automatic")
+
+
+def clip_factors(norms: Tensor, max_grad_norm: float, rule: str = "flat", stability: float = 0.01) -> Tensor:
+    """Per-example scale factors ``c_i`` so that ``||c_i g_i|| <= max_grad_norm`` for every example.
+
+    Rules:
+        * ``flat``: ``min(1, C / ||g||)`` (Abadi et al. 2016);
+        * ``psac``: ``C / (||g|| + r / (||g|| + r))``, per-sample adaptive clipping (Xia et al. 2023, Eq. 7 of
+          DP-CERT), which normalizes every gradient and down-weights small ones;
+        * ``automatic``: ``C / (||g|| + r)`` (Bu et al. 2023, "automatic clipping").
+
+    Every rule gives a norm strictly below ``C``, so the sensitivity of the sum is ``C`` whichever is used.
+    """
+    if rule == "flat":
+        return (max_grad_norm / (norms + _NORM_EPS)).clamp(max=1.0)
+    if rule == "psac":
+        return max_grad_norm / (norms + stability / (norms + stability))
+    if rule == "automatic":
+        return max_grad_norm / (norms + stability)
+    raise ValueError(f"clipping must be one of {CLIPPING_RULES}, got {rule!r}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,7 @@ class PerExampleClipper:
         max_grad_norm: the clipping bound ``C`` on the flat L2 norm over all trainable parameters.
         max_physical_batch_size: split a batch into chunks of at most this many examples to bound memory
             (per-example gradients of a chunk take ``chunk * num_params`` floats). ``None``: one chunk.
+        clipping: ``"flat"`` (default), ``"psac"`` or ``"automatic"``; see :func:`clip_factors`.
 
     Guarantees:
         * Each example's contribution to the returned sum has L2 norm ``<= max_grad_norm``.
@@ -85,7 +107,10 @@ class PerExampleClipper:
         loss_method: str,
         max_grad_norm: float,
         max_physical_batch_size: int | None = None,
+        clipping: str = "flat",
     ) -> None:
+        if clipping not in CLIPPING_RULES:
+            raise ValueError(f"clipping must be one of {CLIPPING_RULES}, got {clipping!r}")
         if not (max_grad_norm > 0 and torch.isfinite(torch.tensor(max_grad_norm))):
             raise ValueError(f"max_grad_norm must be a positive finite number, got {max_grad_norm}")
         if max_physical_batch_size is not None and max_physical_batch_size < 1:
@@ -93,6 +118,7 @@ class PerExampleClipper:
         self.module = module
         self.max_grad_norm = float(max_grad_norm)
         self.max_physical_batch_size = max_physical_batch_size
+        self.clipping = clipping
         self._loss_module = _LossModule(module, loss_method)
         self._per_example_grad = vmap(grad(self._example_loss, has_aux=True), in_dims=(None, 0), randomness="different")
 
@@ -119,7 +145,7 @@ class PerExampleClipper:
             part = tuple(t[start : start + chunk] for t in batch)
             grads, part_losses = self._per_example_grad(params, part)
             part_norms = per_example_norms(grads)
-            factors = (self.max_grad_norm / (part_norms + _NORM_EPS)).clamp(max=1.0)
+            factors = clip_factors(part_norms, self.max_grad_norm, self.clipping)
             for name, g in grads.items():
                 sums[name] += torch.einsum("b,b...->...", factors, g)
             norms.append(part_norms)

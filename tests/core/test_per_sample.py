@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like, per_example_norms
+from lightning_dprobust.core.per_sample import (
+    CLIPPING_RULES,
+    PerExampleClipper,
+    clip_factors,
+    gaussian_noise_like,
+    per_example_norms,
+)
 
 
 class TinyNet(nn.Module):
@@ -50,16 +56,17 @@ def contribution(clipper, x, y, i):
     return flat(clipper((x, y)).grads) - flat(clipper((x[keep], y[keep])).grads)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     size=st.integers(2, 6),
     views=st.sampled_from([0, 1, 3]),
     max_grad_norm=st.floats(1e-3, 2.0),
+    clipping=st.sampled_from(CLIPPING_RULES),
     seed=st.integers(0, 10_000),
 )
-def test_each_example_contributes_at_most_max_grad_norm(size, views, max_grad_norm, seed):
+def test_each_example_contributes_at_most_max_grad_norm(size, views, max_grad_norm, clipping, seed):
     torch.manual_seed(seed)
-    clipper = PerExampleClipper(TinyNet(), "per_example_loss", max_grad_norm)
+    clipper = PerExampleClipper(TinyNet(), "per_example_loss", max_grad_norm, clipping=clipping)
     x, y = batch(size, views, seed)
     for i in range(size):
         assert contribution(clipper, x, y, i).norm() <= max_grad_norm * (1 + 1e-4)
@@ -160,3 +167,12 @@ def test_noise_has_requested_std():
 def test_rejects_bad_clip(bad):
     with pytest.raises(ValueError, match="max_grad_norm"):
         PerExampleClipper(TinyNet(), "per_example_loss", bad)
+
+
+def test_clipping_rules_match_their_formulas():
+    norms = torch.tensor([0.001, 0.5, 3.0])
+    torch.testing.assert_close(clip_factors(norms, 1.0, "flat"), torch.tensor([1.0, 1.0, 1 / (3.0 + 1e-6)]))
+    torch.testing.assert_close(clip_factors(norms, 2.0, "psac"), 2.0 / (norms + 0.01 / (norms + 0.01)))
+    torch.testing.assert_close(clip_factors(norms, 2.0, "automatic"), 2.0 / (norms + 0.01))
+    with pytest.raises(ValueError, match="clipping"):
+        clip_factors(norms, 1.0, "per-layer")

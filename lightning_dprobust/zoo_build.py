@@ -1,0 +1,237 @@
+"""Build a zoo entry from its recipe: train with the recipe config, evaluate, save the weights, update the catalog.
+
+``dprobust zoo build NAME`` runs the same code path as ``dprobust fit --config <recipe config>`` (through
+:class:`~lightning_dprobust.cli.DProbustCLI`), then tests the final model on the data module's test split and reads
+the privacy guarantee from :class:`~lightning_dprobust.callbacks.DPCallback`. The weights (the model's
+``state_dict``: plain tensors only) go to ``<out>/weights/<name>-<sha8>.pth`` and the updated entry to
+``<out>/entries/<name>.yaml``, where ``<out>`` defaults to the shipped ``zoo/`` directory.
+
+A recipe is ``meta.recipe``: ``config`` (a path relative to the repository root), ``overrides`` (a mapping from
+dotted config paths to values, applied to the YAML before parsing; a list element is chosen by index or by the
+class name at the end of its ``class_path``, e.g. ``trainer.callbacks.DPCallback.init_args.target_epsilon``),
+``config_sha256`` (of the config file as built) and ``commit`` (the git commit checked out when it was built).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from lightning_dprobust.zoo import ZOO_DIR, Zoo, sha256_file
+from lightning_dprobust.zoo_catalog import Entry, ZooError
+
+REPO_ROOT = ZOO_DIR.parent
+
+
+def apply_override(config: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``value`` at the dotted path ``dotted`` of ``config`` in place, creating missing mapping keys.
+
+    Raises:
+        ZooError: if a list element named in the path (by index or class name) does not exist.
+    """
+    node: Any = config
+    parts = dotted.split(".")
+    for position, part in enumerate(parts):
+        last = position == len(parts) - 1
+        if isinstance(node, list):
+            index = _list_index(node, part, dotted)
+            if last:
+                node[index] = value
+            node = node[index]
+        elif last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+
+
+def _list_index(items: list[Any], part: str, dotted: str) -> int:
+    if part.lstrip("-").isdigit() and -len(items) <= int(part) < len(items):
+        return int(part)
+    matches = [
+        i
+        for i, item in enumerate(items)
+        if isinstance(item, dict) and str(item.get("class_path", "")).rsplit(".", 1)[-1] == part
+    ]
+    if len(matches) != 1:
+        classes = [item.get("class_path") for item in items if isinstance(item, dict)]
+        raise ZooError(
+            f"recipe override {dotted!r}: {part!r} must be an index below {len(items)} or the class name of exactly "
+            f"one element of the list, whose class paths are {classes}"
+        )
+    return matches[0]
+
+
+def recipe_config(entry: Entry, *, epochs: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The entry's recipe config with its overrides (plus ``trainer.max_epochs`` when ``epochs`` is given).
+
+    Returns:
+        The config as a dict ready to be dumped to YAML, and the overrides that were applied.
+
+    Raises:
+        ZooError: if the config file does not exist, or an override names a missing list element.
+    """
+    path = REPO_ROOT / entry.meta["recipe"]["config"]
+    if not path.is_file():
+        raise ZooError(
+            f"recipe config {path} of zoo entry {entry.name!r} does not exist; its method "
+            f"({entry.meta['method']}) may not be implemented yet. Write the config, then build again"
+        )
+    config = yaml.safe_load(path.read_text())
+    overrides = dict(entry.meta["recipe"].get("overrides") or {})
+    if epochs is not None:
+        if epochs < 1:
+            raise ZooError(f"epochs must be >= 1, got {epochs}")
+        overrides["trainer.max_epochs"] = int(epochs)
+    for dotted, value in overrides.items():
+        apply_override(config, dotted, value)
+    return config, overrides
+
+
+def git_commit(root: Path = REPO_ROOT) -> str | None:
+    """The commit checked out in the git repository at ``root``, read from ``.git`` (``None`` outside git)."""
+    git = root / ".git"
+    if git.is_file():
+        git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+    if not (git / "HEAD").is_file():
+        return None
+    head = (git / "HEAD").read_text().strip()
+    if not head.startswith("ref: "):
+        return head
+    ref = head[len("ref: ") :]
+    bases = [git]
+    if (git / "commondir").is_file():
+        bases.append((git / (git / "commondir").read_text().strip()).resolve())
+    for base in bases:
+        if (base / ref).is_file():
+            return (base / ref).read_text().strip()
+        if (base / "packed-refs").is_file():
+            for line in (base / "packed-refs").read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+    return None
+
+
+def train_and_evaluate(config: dict[str, Any], workdir: Path) -> tuple[nn.Module, dict[str, float], dict | None]:
+    """Fit the config as ``dprobust fit`` would (no logger, files under ``workdir``) and test the final model.
+
+    Returns:
+        The trained model (the module's ``model``), ``{"test_acc": ...}``, and the privacy record of its
+        ``DPCallback`` (``None`` without one).
+    """
+    from lightning_dprobust.callbacks import DPCallback
+    from lightning_dprobust.cli import DProbustCLI
+    from lightning_dprobust.data.base import ImageDataModule
+    from lightning_dprobust.methods.base import ClassifierModule
+
+    path = workdir / "recipe.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    args = [
+        "--config",
+        str(path),
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={workdir}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
+    cli = DProbustCLI(
+        ClassifierModule,
+        ImageDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=args,
+        run=False,
+        auto_configure_optimizers=False,
+        save_config_kwargs={"overwrite": True},
+    )
+    cli.trainer.fit(cli.model, cli.datamodule)
+    result = cli.trainer.test(cli.model, cli.datamodule, verbose=False)[0]
+    dp = next((callback for callback in cli.trainer.callbacks if isinstance(callback, DPCallback)), None)
+    privacy = None
+    if dp is not None:
+        privacy = {
+            "epsilon": float(dp.epsilon()),
+            "delta": float(dp.delta),
+            "accountant": dp.accountant,
+            "noise_multiplier": float(dp.noise_multiplier),
+            "max_grad_norm": float(dp.max_grad_norm),
+            "sample_rate": float(dp.loaders.sample_rate),
+            "steps": int(dp.ledger.steps),
+        }
+    return cli.model.model, {"test_acc": float(result["test/acc"])}, privacy
+
+
+def save_weights(model: nn.Module, weights_dir: Path, name: str) -> tuple[str, str]:
+    """Save ``model.state_dict()`` (CPU tensors only) as ``<weights_dir>/<name>-<sha8>.pth``; return file and sha."""
+    state = {key: value.detach().cpu().clone().contiguous() for key, value in model.state_dict().items()}
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=weights_dir)
+    os.close(handle)
+    try:
+        torch.save(state, partial)
+        sha = sha256_file(partial)
+        file = f"{name}-{sha[:8]}.pth"
+        os.replace(partial, weights_dir / file)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return file, sha
+
+
+def build(
+    name: str, *, epochs: int | None = None, out_dir: str | os.PathLike | None = None, zoo: Zoo | None = None
+) -> Entry:
+    """Train, evaluate and publish the zoo entry ``name`` from its recipe; return the updated entry.
+
+    Args:
+        name: a catalog entry (shipped or recipe).
+        epochs: override ``trainer.max_epochs`` (recorded in the entry's recipe overrides).
+        out_dir: zoo directory that receives ``weights/`` and ``entries/`` (default: the catalog's directory).
+        zoo: the catalog to read the entry from (default: the shipped one).
+
+    Raises:
+        ZooError: if the recipe cannot be built or its model does not match the entry's ``model``.
+    """
+    zoo = zoo or Zoo()
+    entry = zoo.info(name)
+    out = Path(out_dir) if out_dir is not None else zoo.catalog_dir
+    config, overrides = recipe_config(entry, epochs=epochs)
+    with tempfile.TemporaryDirectory(prefix="dprobust-zoo-build-") as workdir:
+        model, metrics, privacy = train_and_evaluate(config, Path(workdir))
+    fresh = entry.build_model()
+    missing, unexpected = fresh.load_state_dict(model.state_dict(), strict=False)
+    if missing or unexpected:
+        raise ZooError(
+            f"the recipe of {name!r} trains a model that differs from the entry's model {entry.model}: "
+            f"missing {missing}, unexpected {unexpected}; fix the entry's model kwargs or the config"
+        )
+    file, sha = save_weights(model, out / "weights", name)
+    recipe = {
+        **entry.meta["recipe"],
+        "overrides": overrides or None,
+        "config_sha256": sha256_file(REPO_ROOT / entry.meta["recipe"]["config"]),
+        "commit": git_commit(),
+    }
+    meta = {
+        **entry.meta,
+        "num_params": sum(p.numel() for p in fresh.parameters()),
+        "metrics": metrics,
+        "privacy": privacy,
+        "recipe": recipe,
+    }
+    updated = Entry.from_dict(
+        dataclasses.replace(entry, status="shipped", url=f"weights/{file}", file=file, sha256=sha, meta=meta).to_dict(),
+        name,
+    )
+    (out / "entries").mkdir(parents=True, exist_ok=True)
+    (out / "entries" / f"{name}.yaml").write_text(
+        yaml.safe_dump(updated.to_dict(), sort_keys=False, default_flow_style=None, width=120)
+    )
+    if entry.file and entry.file != file:
+        (out / "weights" / entry.file).unlink(missing_ok=True)
+    return updated

@@ -28,6 +28,9 @@ TrainInputs = tuple[Tensor, ...]
 InputTransform = Callable[["ClassifierModule", TrainInputs], TrainInputs]
 PrivateStep = Callable[[TrainInputs], Tensor]
 
+CLASS_KEY = "dprobust_class"
+"""Checkpoint key holding ``module:QualName`` of the LightningModule that wrote it."""
+
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
@@ -127,6 +130,10 @@ class ClassifierModule(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "test", self.test_acc)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the module's class so :func:`lightning_dprobust.evaluation.loading.load_classifier` can rebuild it."""
+        checkpoint[CLASS_KEY] = f"{type(self).__module__}:{type(self).__qualname__}"
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams

@@ -96,8 +96,11 @@ class DPCert(ClassifierModule):
         """``(views [B, V, C, H, W], labels [B])`` with ``V = K + include_original``."""
         x, y = batch
         hp = self.hparams
-        noise = hp.sigma * torch.randn((x.shape[0], hp.num_augmentations, *x.shape[1:]), device=x.device)
-        centre = self._smoothadv(x, y, noise) if hp.augmentation == "smoothadv" else x
+        if hp.augmentation == "smoothadv":
+            centre, noise = self._smoothadv(x, y)
+        else:
+            centre = x
+            noise = hp.sigma * torch.randn((x.shape[0], hp.num_augmentations, *x.shape[1:]), device=x.device)
         views = centre.unsqueeze(1) + noise
         if hp.include_original:
             views = torch.cat([x.unsqueeze(1), views], dim=1)
@@ -109,15 +112,20 @@ class DPCert(ClassifierModule):
         warmup = max(1, hp.smoothadv_warmup_epochs)
         return min(hp.smoothadv_eps, (self.current_epoch + 1) * hp.smoothadv_eps / warmup)
 
-    def _smoothadv(self, x: Tensor, y: Tensor, noise: Tensor) -> Tensor:
+    def _smoothadv(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """SmoothAdv points ``x'`` and the noise draws ``[B, K, ...]`` the attack used (reused for the views)."""
         from lightning_dprobust.evaluation.attacks import SmoothAdv, preserve_modes
 
-        if x.shape[0] == 0:
-            return x
-        attack = SmoothAdv(self, sigma=self.hparams.sigma, eps=self.smoothadv_radius(),
-                           steps=self.hparams.smoothadv_steps, num_noise=self.hparams.num_augmentations)
+        hp = self.hparams
+        if x.shape[0] == 0:  # an empty Poisson batch: nothing to attack
+            return x, x.new_zeros((0, hp.num_augmentations, *x.shape[1:]))
+        seed = int(torch.randint(0, 2**62, (1,)))  # from the global RNG, so seed_everything makes runs reproducible
+        generator = torch.Generator(device=x.device).manual_seed(seed)
+        attack = SmoothAdv(self, eps=self.smoothadv_radius(), sigma=hp.sigma, steps=hp.smoothadv_steps,
+                           num_noise=hp.num_augmentations, generator=generator)
         with preserve_modes(self), torch.enable_grad():
-            return attack.perturb(x.detach(), y, noise).detach()
+            adversarial = attack(x.detach(), y)
+        return adversarial.detach(), attack.last_noise.detach()
 
     # ------------------------------------------------------------------------------------------------ losses
     def per_example_loss(self, views: Tensor, y: Tensor) -> Tensor:

@@ -1,0 +1,47 @@
+"""Load a trained classifier from a Lightning checkpoint or a zoo entry, for certification, attacks and audits."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lightning_dprobust.methods.base import CLASS_KEY, ClassifierModule
+
+
+def load_classifier(source: str, map_location: str | torch.device = "cpu") -> nn.Module:
+    """Return the model in eval mode from ``source``: a ``.ckpt`` path written by ``dprobust fit``, or a zoo name.
+
+    Checkpoints are read with ``weights_only=True``: a file that would need to execute pickled code is refused.
+
+    Raises:
+        FileNotFoundError: ``source`` is neither an existing file nor a zoo entry.
+        ValueError: the checkpoint was not written by a lightning-dprobust module.
+    """
+    path = Path(source)
+    if path.suffix == ".ckpt" or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {source} does not exist: pass the path of a .ckpt file or a zoo name")
+        return _from_checkpoint(path, map_location).eval()
+    from lightning_dprobust import zoo
+
+    return zoo.load(source)
+
+
+def _from_checkpoint(path: Path, map_location) -> nn.Module:
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    qualified = checkpoint.get(CLASS_KEY)
+    if qualified is None:
+        raise ValueError(
+            f"{path} has no '{CLASS_KEY}' entry: it was not written by a lightning-dprobust method "
+            "(train with `dprobust fit`, or load the model yourself)"
+        )
+    module_name, _, class_name = qualified.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(cls, type) and issubclass(cls, ClassifierModule)):
+        raise ValueError(f"{path} names {qualified}, which is not a lightning_dprobust ClassifierModule")
+    module = cls(**checkpoint["hyper_parameters"])
+    module.load_state_dict(checkpoint["state_dict"])
+    return module

@@ -1,7 +1,8 @@
 """One LightningModule per paper; shared steps live in :mod:`lightning_dprobust.methods.base`."""
 
 from lightning_dprobust.methods.base import ClassifierModule
+from lightning_dprobust.methods.dpadv import DPAdv
 from lightning_dprobust.methods.dpcert import DPCert
 from lightning_dprobust.methods.dpsgd import DPSGD
 
-__all__ = ["DPSGD", "ClassifierModule", "DPCert"]
+__all__ = ["DPSGD", "ClassifierModule", "DPAdv", "DPCert"]

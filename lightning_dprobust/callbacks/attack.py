@@ -15,7 +15,7 @@ from torchattacks.attack import Attack
 
 from lightning_dprobust.evaluation.attacks import attack_guard
 
-AttackSpec = Attack | Callable[[nn.Module], Attack] | dict[str, Any]
+AttackSpec = Callable[[nn.Module], Attack] | dict[str, Any]
 _MODES = ("replace", "group", "mix")
 
 
@@ -47,12 +47,13 @@ class AdversarialAugmentation(Callback):
         ``forward`` returning logits of ``[0, 1]`` images); the attack's budget is in pixel units.
 
     Args:
-        attack: a built ``Attack`` whose model is the LightningModule (or one of its submodules); a factory
-            ``model -> Attack`` called with the LightningModule at setup; or ``{"class_path": "torchattacks.PGD",
-            "init_args": {"eps": 0.1}}``. From YAML, ``class_path``/``init_args`` under ``attack`` becomes a factory
-            (jsonargparse builds a callable for ``Callable[[nn.Module], Attack]``; where it cannot, it passes the
-            dict, which is built at setup the same way). Built and factory attacks are moved to the module's
-            device at fit start.
+        attack: a factory ``model -> Attack`` called with the LightningModule at setup; a built ``Attack`` whose
+            model is the LightningModule (or one of its submodules); or ``{"class_path": "torchattacks.PGD",
+            "init_args": {"eps": 0.1}}``, built at setup with ``model=pl_module``. In YAML, ``class_path`` and
+            ``init_args`` under ``attack`` become a factory: jsonargparse builds a callable for the annotation
+            ``Callable[[nn.Module], Attack]``, and passes the dict where it cannot. ``Attack`` itself is left out
+            of the annotation on purpose: jsonargparse would then instantiate the class with ``model=None``. The
+            attack is moved to the module's device at fit start.
         mode: ``"replace"``, ``"group"`` or ``"mix"``.
         mix_fraction: probability of replacing each example in ``"mix"`` mode.
         attack_eval_mode: attack the model in eval mode (torchattacks' default). ``False`` runs it in training
@@ -169,7 +170,7 @@ class AdversarialAugmentation(Callback):
         with attack_guard(module):
             if self.attack_eval_mode:
                 module.eval()
-            adversarial = self.attack(images, y.detach().repeat_interleave(views)).detach()
+            adversarial = self.attack(images, y.detach().repeat_interleave(views, dim=0)).detach()
         return adversarial.view_as(x)
 
 

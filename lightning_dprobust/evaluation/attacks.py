@@ -27,6 +27,7 @@ from lightning_dprobust.metrics import RobustAccuracy
 AttackBuilder = Callable[..., Attack]
 
 _AUTOATTACK_PARTS = ("apgd-ce", "apgd-dlr", "apgd-t", "fab-t", "square")
+_SAMPLE_ATTRS = ("grad_sample", "grad_sample_stack")
 
 
 # ------------------------------------------------------------------------------------------------- the suite
@@ -115,7 +116,7 @@ def build_attack(name: str, model: nn.Module, eps: float, **kwargs: Any) -> Atta
     AutoAttack Linf   Croce and Hein 2020, https://arxiv.org/abs/2003.01690; ``version`` ``"standard"`` (APGD-CE,
                       APGD-T, FAB-T, Square with 5,000 queries: slow), ``"plus"``, ``"rand"``, or ``"custom"``
                       with ``attacks_to_run`` (subset of ``apgd-ce, apgd-dlr, apgd-t, fab-t, square``), ``steps``
-                      and ``n_queries``; ``n_classes=10``, ``seed=0``
+                      and ``n_queries``, which only ``"custom"`` uses; ``n_classes=10``, ``seed=0``
     ========== ====== ============================================================================================
 
     Names are case-insensitive. Every returned attack maps ``[0, 1]`` images to ``[0, 1]`` images; all but CW stay
@@ -155,23 +156,24 @@ def attack_guard(model: nn.Module) -> Iterator[nn.Module]:
     Inside the block: gradients are enabled and every parameter is frozen (``requires_grad=False``), so an attack
     can only differentiate with respect to its inputs. On exit, even after an exception: each submodule's mode and
     each parameter's ``requires_grad`` are restored, ``p.grad`` is the same object it was before (``None`` stays
-    ``None``), and any ``grad_sample``/``grad_sample_stack`` attribute (left by per-sample-gradient hooks such as
-    Opacus') that was not there before is removed.
+    ``None``), and the per-sample-gradient attributes that hooks such as Opacus' attach (``grad_sample``,
+    ``grad_sample_stack``) are as before: restored if they existed, removed if they did not.
     """
     params = list(model.parameters())
-    saved = [(p, p.requires_grad, p.grad) for p in params]
-    had = {(id(p), name) for p in params for name in ("grad_sample", "grad_sample_stack") if hasattr(p, name)}
+    saved = [(p, p.requires_grad, p.grad, {n: getattr(p, n) for n in _SAMPLE_ATTRS if hasattr(p, n)}) for p in params]
     try:
         with preserve_modes(model), torch.enable_grad():
             for p in params:
                 p.requires_grad_(False)
             yield model
     finally:
-        for p, requires_grad, grad in saved:
+        for p, requires_grad, grad, samples in saved:
             p.requires_grad_(requires_grad)
             p.grad = grad
-            for name in ("grad_sample", "grad_sample_stack"):
-                if hasattr(p, name) and (id(p), name) not in had:
+            for name in _SAMPLE_ATTRS:
+                if name in samples:
+                    setattr(p, name, samples[name])
+                elif hasattr(p, name):
                     delattr(p, name)
 
 
@@ -279,7 +281,7 @@ class SmoothAdv(Attack):
     ``J(x') = -log( (1/m) sum_j softmax(f(x' + eta_j))_y )``, ``eta_j ~ N(0, sigma^2 I)`` in pixel space: ``steps``
     normalized-gradient ascent steps of size ``alpha`` from ``x' = x``, each followed by clamping to ``[0, 1]`` and
     projection onto the L2 ball (a zero gradient is replaced by a random direction). DP-CERT's reference code
-    minimizes ``J`` by mistake (seed_001 spec, B2); this class ascends, as the paper states.
+    minimizes ``J`` by mistake; this class ascends, as the paper states.
 
     Guarantees: the output lies in the ``eps`` ball around the input and in ``[0, 1]``; example ``i``'s output
     depends only on example ``i``, its label and its own noise draws; noise comes from this attack's generator,

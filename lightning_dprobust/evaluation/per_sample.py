@@ -115,7 +115,7 @@ def local_lipschitz(
     ``x'`` is returned, a lower bound on the local Lipschitz constant.
 
     ``direction="ascent"`` (default) maximizes the ratio, as the definition requires. ``"descent"`` reproduces the
-    sign of Yang et al.'s and DP-CERT's code, which steps *down* the ratio (seed_001 spec, B9); use it only to
+    sign of Yang et al.'s and DP-CERT's code, which steps *down* the ratio (Wu et al. 2023's reference code); use it only to
     compare with numbers produced by that code.
 
     Shape:

@@ -45,6 +45,7 @@ class ClassifierModule(L.LightningModule):
         mean: per-channel mean of the model's normalization layer (``None``: no normalization).
         std: per-channel std of the model's normalization layer.
         model_kwargs: extra arguments of the model constructor.
+        pretrained: load pretrained weights (timm models; the weights must be reachable or cached).
         optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"`` (under ``DPCallback``: DP-SGD, DP-Adam, DP-AdamW).
         lr: learning rate.
         momentum: SGD momentum.
@@ -60,6 +61,7 @@ class ClassifierModule(L.LightningModule):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         model_kwargs: dict[str, Any] | None = None,
+        pretrained: bool = False,
         optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
         lr: float = 0.1,
         momentum: float = 0.0,
@@ -77,7 +79,7 @@ class ClassifierModule(L.LightningModule):
         else:
             self.model = create_model(
                 model, num_classes=num_classes, input_shape=tuple(input_shape), mean=mean, std=std,
-                **(model_kwargs or {}),
+                pretrained=pretrained, **(model_kwargs or {}),
             )
         self.num_classes = num_classes
         self.input_shape = tuple(input_shape)

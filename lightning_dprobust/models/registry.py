@@ -116,7 +116,7 @@ def create_model(
     Raises:
         ValueError: for an unknown name (with close matches), a malformed ``input_shape``, ``num_classes < 1``,
             ``mean``/``std`` not of length ``C``, or ``pretrained=True`` for a registered model.
-        RuntimeError: if timm's pretrained weights could not be fetched (see :func:`create_timm_model`).
+        PretrainedWeightsError: if timm's pretrained weights could not be fetched (see :func:`create_timm_model`).
 
     Example:
         >>> model = create_model("cnn_tanh", num_classes=10, input_shape=(1, 28, 28))

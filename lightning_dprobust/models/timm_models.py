@@ -27,6 +27,10 @@ def is_timm_model(arch: str) -> bool:
     return bool(arch) and timm.is_model(arch)
 
 
+class PretrainedWeightsError(FileNotFoundError):
+    """Pretrained weights were requested but could not be fetched or read (no network, missing file)."""
+
+
 def create_timm_model(
     arch: str, *, num_classes: int, in_chans: int, pretrained: bool = False, **kwargs: Any
 ) -> nn.Module:
@@ -48,7 +52,7 @@ def create_timm_model(
         The model, with no BatchNorm and no in-place module left.
 
     Raises:
-        RuntimeError: if ``pretrained=True`` and the weights could not be fetched or read; the message says how to
+        PretrainedWeightsError: if ``pretrained=True`` and the weights could not be fetched or read; the message says how to
             supply them, and the cause from timm is chained.
     """
     try:
@@ -56,7 +60,7 @@ def create_timm_model(
     except OSError as err:
         if not pretrained:
             raise
-        raise RuntimeError(
+        raise PretrainedWeightsError(
             f"pretrained weights for timm model '{arch}' could not be fetched or read ({type(err).__name__}: "
             f"{err}). Without network access, download the weights file elsewhere and pass it with "
             "pretrained_cfg_overlay=dict(file='/path/to/model.safetensors'), e.g. create_model("

@@ -9,6 +9,7 @@ from torch import nn
 
 from lightning_dprobust.models import NormalizedModel, create_model, list_models, register_model
 from lightning_dprobust.models.registry import _MODELS
+from lightning_dprobust.models.timm_models import PretrainedWeightsError
 
 
 class _Recorder(nn.Module):
@@ -125,7 +126,7 @@ def test_bad_arguments_raise(kwargs: dict, match: str) -> None:
 
 def test_timm_pretrained_failure_is_wrapped(tmp_path) -> None:
     missing = tmp_path / "missing.safetensors"
-    with pytest.raises(RuntimeError, match="pretrained_cfg_overlay") as info:
+    with pytest.raises(PretrainedWeightsError, match="pretrained_cfg_overlay") as info:
         create_model(
             "timm/resnet18",
             num_classes=10,

@@ -75,8 +75,14 @@ def _lightning_steps(model_name: str, private: bool, steps: int, device: str) ->
     timer = type("Timer", (_StepTimer, L.Callback), {})(device)
     callbacks = [timer] + ([DPCallback(max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5)] if private else [])
     trainer = L.Trainer(
-        accelerator="gpu" if device.startswith("cuda") else "cpu", devices=1, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        accelerator="gpu" if device.startswith("cuda") else "cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
         use_distributed_sampler=False,
     )
     trainer.fit(DPSGD(model=model_name, num_classes=10, input_shape=shape, lr=0.01), Data())
@@ -91,8 +97,12 @@ def _opacus_steps(model_name: str, steps: int, device: str) -> list[float]:
 
     shape, batch_size = CASES[model_name]
     model = GradSampleModule(create_model(model_name, num_classes=10, input_shape=shape).to(device))
-    optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), noise_multiplier=1.0, max_grad_norm=1.0,
-                            expected_batch_size=batch_size)
+    optimizer = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=batch_size,
+    )
     x, y = (t.to(device) for t in _synthetic(shape, batch_size, 1).tensors)
     times = []
     for _ in range(steps):
@@ -151,8 +161,11 @@ def main() -> None:
                 continue
             baseline = baseline or result["ms"]
             ratio = result["ms"] / baseline
-            print(f"| {model_name} {shape} | {batch_size} | {mode} | {result['ms']:.1f} | {ratio:.2f}x "
-                  f"| {result['mem']:.0f} |", flush=True)
+            print(
+                f"| {model_name} {shape} | {batch_size} | {mode} | {result['ms']:.1f} | {ratio:.2f}x "
+                f"| {result['mem']:.0f} |",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=2)

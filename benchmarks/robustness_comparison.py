@@ -25,8 +25,12 @@ RADII = (0.0, 0.25, 0.5, 0.75)
 
 
 def train(method: str, root: str):
-    quiet = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-             f"--trainer.default_root_dir={root}/{method}"]
+    quiet = [
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}/{method}",
+    ]
     fitted = fit_recipe(CONFIG_DIR / method / "digits.yaml", quiet)
     return fitted.module.eval(), fitted
 
@@ -50,15 +54,34 @@ def main() -> None:
     rows = []
     for method, label in (("dpsgd", "DP-SGD + smoothing"), ("dpcert", "DP-CERT (gaussian)")):
         module, fitted = models[method]
-        certified = certify_dataset(module, test_set, sigma=args.sigma, n0=args.n0, n=args.n, alpha=args.alpha,
-                                    batch_size=1000, seed=args.seed, progress=False)
+        certified = certify_dataset(
+            module,
+            test_set,
+            sigma=args.sigma,
+            n0=args.n0,
+            n=args.n,
+            alpha=args.alpha,
+            batch_size=1000,
+            seed=args.seed,
+            progress=False,
+        )
         summary = summarize(certified, RADII)
-        rows.append([label, f"{fitted.privacy.epsilon():.3f}", f"{100 * fitted.test['test/acc']:.2f}",
-                     *(f"{100 * summary[f'certified_acc@{r:g}']:.2f}" for r in RADII), f"{summary['acr']:.4f}"])
-    print(f"\nCertified robustness on digits ({len(test_set)} test images), sigma={args.sigma}, n0={args.n0}, "
-          f"n={args.n}, alpha={args.alpha}\n")
-    print(markdown_table(["method", "epsilon", "clean acc (%)", *(f"cert. acc r={r:g} (%)" for r in RADII), "ACR"],
-                         rows))
+        rows.append(
+            [
+                label,
+                f"{fitted.privacy.epsilon():.3f}",
+                f"{100 * fitted.test['test/acc']:.2f}",
+                *(f"{100 * summary[f'certified_acc@{r:g}']:.2f}" for r in RADII),
+                f"{summary['acr']:.4f}",
+            ]
+        )
+    print(
+        f"\nCertified robustness on digits ({len(test_set)} test images), sigma={args.sigma}, n0={args.n0}, "
+        f"n={args.n}, alpha={args.alpha}\n"
+    )
+    print(
+        markdown_table(["method", "epsilon", "clean acc (%)", *(f"cert. acc r={r:g} (%)" for r in RADII), "ACR"], rows)
+    )
 
     images, labels = test_set.tensors
     rows = []
@@ -66,8 +89,9 @@ def main() -> None:
         module, fitted = models[method]
         attack = {"PGD": build_attack("PGD", module, args.eps, steps=20)}
         accuracy = robust_accuracy(module, (images, labels), attack)
-        rows.append([label, f"{fitted.privacy.epsilon():.3f}", f"{100 * accuracy['clean']:.2f}",
-                     f"{100 * accuracy['PGD']:.2f}"])
+        rows.append(
+            [label, f"{fitted.privacy.epsilon():.3f}", f"{100 * accuracy['clean']:.2f}", f"{100 * accuracy['PGD']:.2f}"]
+        )
     print(f"\nEmpirical robustness on digits ({len(labels)} test images), PGD-Linf eps={args.eps}, 20 steps\n")
     print(markdown_table(["method", "epsilon", "clean acc (%)", f"PGD acc eps={args.eps:g} (%)"], rows))
 

@@ -42,8 +42,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     fitted = fit_recipe(args.config, overrides)
     trained = time.perf_counter() - start
     sigma = fitted.module.hparams.sigma
-    rows = certify_dataset(fitted.module.eval(), fitted.datamodule.test_set, sigma=sigma, n0=100, n=args.n,
-                           alpha=0.001, batch_size=1000, seed=0, desc="certify test split")
+    rows = certify_dataset(
+        fitted.module.eval(),
+        fitted.datamodule.test_set,
+        sigma=sigma,
+        n0=100,
+        n=args.n,
+        alpha=0.001,
+        batch_size=1000,
+        seed=0,
+        desc="certify test split",
+    )
     summary = summarize(rows, RADII)
     paths = {
         "csv": write_csv(rows, out / "certify.csv"),

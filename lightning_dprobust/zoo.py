@@ -19,8 +19,9 @@ final name; a cached file is re-hashed, never re-downloaded; weights are read wi
 
 Example:
     >>> from lightning_dprobust import zoo
-    >>> [entry.name for entry in zoo.list("cnn_tanh.dpsgd_digits_eps3")]
-    ['cnn_tanh.dpsgd_digits_eps3']
+    >>> entry = zoo.info("cnn_tanh.dpsgd_mnist_eps1")
+    >>> entry.status, entry.meta["target_metrics"]["test_acc"]
+    ('recipe', 0.972)
 """
 
 from __future__ import annotations
@@ -166,12 +167,7 @@ class Zoo:
         entry = self.info(name)
         state = read_state_dict(self.download(name))
         model = entry.build_model()
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise CatalogError(
-                f"weights of {name!r} do not fit its model {entry.model['name']}: missing {missing}, unexpected "
-                f"{unexpected}; the entry's model kwargs and its weights file disagree"
-            )
+        fit_state_dict(model, state, f"the weights of {name!r} do not fit its model {entry.model['name']}")
         return model.eval()
 
 
@@ -248,6 +244,22 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
+def fit_state_dict(model: nn.Module, state: dict[str, torch.Tensor], problem: str) -> None:
+    """Load ``state`` into ``model`` exactly (same keys, same shapes); otherwise raise :class:`CatalogError`.
+
+    Args:
+        problem: the start of the error message, saying what did not fit what.
+    """
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:
+        raise CatalogError(f"{problem}: {error}; the entry's model kwargs and the weights disagree") from error
+    if missing or unexpected:
+        raise CatalogError(
+            f"{problem}: missing {missing}, unexpected {unexpected}; the entry's model kwargs and the weights disagree"
+        )
+
+
 def list_entries(pattern: str = "*") -> list[Entry]:
     """Catalog entries whose name matches the shell pattern, sorted (also available as ``zoo.list``)."""
     return Zoo().list_entries(pattern)
@@ -269,7 +281,7 @@ def load(name: str) -> nn.Module:
     Example:
         >>> import torch
         >>> from lightning_dprobust import zoo
-        >>> model = zoo.load("cnn_tanh.dpsgd_digits_eps3")
+        >>> model = zoo.load("mlp_tanh.dpsgd_digits_eps3")
         >>> model(torch.rand(2, 1, 8, 8)).shape
         torch.Size([2, 10])
     """
@@ -294,6 +306,7 @@ __all__ = [
     "Zoo",
     "ZooError",
     "download",
+    "fit_state_dict",
     "info",
     "list_entries",
     "load",

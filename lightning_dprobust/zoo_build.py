@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 import yaml
 from torch import nn
 
-from lightning_dprobust.zoo import ZOO_DIR, Zoo, sha256_file
+from lightning_dprobust.zoo import ZOO_DIR, Zoo, fit_state_dict, sha256_file
 from lightning_dprobust.zoo_catalog import Entry, ZooError
 
 REPO_ROOT = ZOO_DIR.parent
@@ -140,31 +141,36 @@ def train_and_evaluate(config: dict[str, Any], workdir: Path) -> tuple[nn.Module
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
     ]
-    cli = DProbustCLI(
-        ClassifierModule,
-        ImageDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args,
-        run=False,
-        auto_configure_optimizers=False,
-        save_config_kwargs={"overwrite": True},
-    )
+    with warnings.catch_warnings():  # LightningCLI warns whenever args= is given while sys.argv has arguments
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = DProbustCLI(
+            ClassifierModule,
+            ImageDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            run=False,
+            auto_configure_optimizers=False,
+            save_config_kwargs={"overwrite": True},
+        )
     cli.trainer.fit(cli.model, cli.datamodule)
     result = cli.trainer.test(cli.model, cli.datamodule, verbose=False)[0]
     dp = next((callback for callback in cli.trainer.callbacks if isinstance(callback, DPCallback)), None)
-    privacy = None
-    if dp is not None:
-        privacy = {
-            "epsilon": float(dp.epsilon()),
-            "delta": float(dp.delta),
-            "accountant": dp.accountant,
-            "noise_multiplier": float(dp.noise_multiplier),
-            "max_grad_norm": float(dp.max_grad_norm),
-            "sample_rate": float(dp.loaders.sample_rate),
-            "steps": int(dp.ledger.steps),
-        }
-    return cli.model.model, {"test_acc": float(result["test/acc"])}, privacy
+    privacy = None if dp is None else privacy_record(dp)
+    return cli.model.model, {"test_acc": round(float(result["test/acc"]), 6)}, privacy
+
+
+def privacy_record(dp: Any) -> dict[str, Any]:
+    """The guarantee a fitted ``DPCallback`` gives, as the zoo's ``meta.privacy`` (plain floats and ints)."""
+    return {
+        "epsilon": float(dp.epsilon()),
+        "delta": float(dp.delta),
+        "accountant": dp.accountant,
+        "noise_multiplier": float(dp.noise_multiplier),
+        "max_grad_norm": float(dp.max_grad_norm),
+        "sample_rate": float(dp.loaders.sample_rate),
+        "steps": int(dp.ledger.steps),
+    }
 
 
 def save_weights(model: nn.Module, weights_dir: Path, name: str) -> tuple[str, str]:
@@ -177,6 +183,7 @@ def save_weights(model: nn.Module, weights_dir: Path, name: str) -> tuple[str, s
         torch.save(state, partial)
         sha = sha256_file(partial)
         file = f"{name}-{sha[:8]}.pth"
+        os.chmod(partial, 0o644)  # published files are world-readable (mkstemp creates them 0600)
         os.replace(partial, weights_dir / file)
     finally:
         Path(partial).unlink(missing_ok=True)
@@ -195,7 +202,7 @@ def build(
         zoo: the catalog to read the entry from (default: the shipped one).
 
     Raises:
-        ZooError: if the recipe cannot be built or its model does not match the entry's ``model``.
+        ZooError: if the recipe cannot be built; ``CatalogError`` if its model does not match the entry's ``model``.
     """
     zoo = zoo or Zoo()
     entry = zoo.info(name)
@@ -204,12 +211,9 @@ def build(
     with tempfile.TemporaryDirectory(prefix="dprobust-zoo-build-") as workdir:
         model, metrics, privacy = train_and_evaluate(config, Path(workdir))
     fresh = entry.build_model()
-    missing, unexpected = fresh.load_state_dict(model.state_dict(), strict=False)
-    if missing or unexpected:
-        raise ZooError(
-            f"the recipe of {name!r} trains a model that differs from the entry's model {entry.model}: "
-            f"missing {missing}, unexpected {unexpected}; fix the entry's model kwargs or the config"
-        )
+    fit_state_dict(
+        fresh, model.state_dict(), f"the recipe of {name!r} trains another model than the entry's {entry.model}"
+    )
     file, sha = save_weights(model, out / "weights", name)
     recipe = {
         **entry.meta["recipe"],
@@ -229,9 +233,7 @@ def build(
         name,
     )
     (out / "entries").mkdir(parents=True, exist_ok=True)
-    (out / "entries" / f"{name}.yaml").write_text(
-        yaml.safe_dump(updated.to_dict(), sort_keys=False, default_flow_style=None, width=120)
-    )
+    (out / "entries" / f"{name}.yaml").write_text(updated.to_yaml())
     if entry.file and entry.file != file:
         (out / "weights" / entry.file).unlink(missing_ok=True)
     return updated

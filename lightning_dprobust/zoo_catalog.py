@@ -11,6 +11,7 @@ import dataclasses
 import re
 from typing import Any
 
+import yaml
 from torch import nn
 
 from lightning_dprobust.models import create_model
@@ -105,11 +106,22 @@ class Entry:
         """The entry as plain YAML-able data, keys in catalog order."""
         return {key: getattr(self, key) for key in ENTRY_KEYS}
 
+    def to_yaml(self) -> str:
+        """The entry as the YAML text of a catalog file (block style, no anchors)."""
+        return yaml.dump(self.to_dict(), Dumper=_PlainDumper, sort_keys=False, default_flow_style=None, width=120)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> Entry:
         """Validate ``data`` (as read from ``source``) and return the entry; raises :class:`CatalogError`."""
         _check_entry(data, source)
         return cls(**data)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """A safe YAML dumper that writes repeated objects in full instead of as anchors and aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def catalog_error(source: str, problem: str) -> CatalogError:

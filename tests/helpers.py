@@ -53,6 +53,7 @@ def read_wandb_history(run_file) -> list[dict]:
             record.ParseFromString(pending)
             pending = b""
             if record.HasField("history"):
-                rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item}
+                )
     return rows

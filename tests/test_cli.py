@@ -68,8 +68,9 @@ def run_main(tmp_path, monkeypatch, *args: str) -> int:
 )
 def test_bad_values_exit_nonzero_naming_the_key(tmp_path, monkeypatch, capsys, edit, key):
     config = write_config(tmp_path, edit)
-    code = run_main(tmp_path, monkeypatch, "fit", "--config", str(config), "--trainer.max_epochs", "1",
-                    "--trainer.logger", "false")
+    code = run_main(
+        tmp_path, monkeypatch, "fit", "--config", str(config), "--trainer.max_epochs", "1", "--trainer.logger", "false"
+    )
     assert code != 0
     message = capsys.readouterr().err
     assert key in message

@@ -96,8 +96,9 @@ class DPCallback(Callback):
         clipping: str = "flat",
         seed: int = 0,
     ) -> None:
-        _validate_arguments(max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget,
-                            sample_rate)
+        _validate_arguments(
+            max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate
+        )
         if clipping not in CLIPPING_RULES:
             raise MisconfigurationException(f"DPCallback(clipping={clipping!r}) must be one of {CLIPPING_RULES}")
         self.clipping = clipping
@@ -127,8 +128,9 @@ class DPCallback(Callback):
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         self.loaders.attach(trainer, pl_module)
         guard_single_optimizer(pl_module)
-        self._clipper = PerExampleClipper(pl_module, "per_example_loss", self.max_grad_norm,
-                                          self.max_physical_batch_size, self.clipping)
+        self._clipper = PerExampleClipper(
+            pl_module, "per_example_loss", self.max_grad_norm, self.max_physical_batch_size, self.clipping
+        )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.loaders.check_train_loader(trainer.train_dataloader, self._world_size)
@@ -184,9 +186,7 @@ class DPCallback(Callback):
         noise = gaussian_noise_like(clipped.grads, std if self._rank == 0 else 0.0)
         scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
         params = self._clipper.trainable_parameters()
-        surrogate = sum(
-            (params[name] * ((clipped.grads[name] + noise[name]) * scale)).sum() for name in clipped.grads
-        )
+        surrogate = sum((params[name] * ((clipped.grads[name] + noise[name]) * scale)).sum() for name in clipped.grads)
         if self.noise_multiplier > 0:
             self.ledger.record(self.noise_multiplier, self.loaders.sample_rate)
         else:
@@ -229,8 +229,12 @@ class DPCallback(Callback):
 
     def _steps_within_budget(self, trainer: L.Trainer) -> int:
         extra = max_steps_within_budget(
-            self.epsilon_budget, self.delta, self.noise_multiplier, self.loaders.sample_rate,
-            accountant=self.accountant, history=self.ledger.history,
+            self.epsilon_budget,
+            self.delta,
+            self.noise_multiplier,
+            self.loaders.sample_rate,
+            accountant=self.accountant,
+            history=self.ledger.history,
         )
         if extra == 0 and self.ledger.steps == 0:
             raise MisconfigurationException(

@@ -81,8 +81,9 @@ class PoissonLoaderFactory:
     def _build(self, loader: DataLoader, rank: int, world_size: int) -> DataLoader:
         self._measure(loader, world_size)
         self._check_sampler(loader)
-        sampler = PoissonBatchSampler(self.num_examples, self.sample_rate, seed=self.seed, rank=rank,
-                                      world_size=world_size)
+        sampler = PoissonBatchSampler(
+            self.num_examples, self.sample_rate, seed=self.seed, rank=rank, world_size=world_size
+        )
         self.steps_per_epoch = len(sampler)
         return DataLoader(
             loader.dataset,

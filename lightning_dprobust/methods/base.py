@@ -78,8 +78,13 @@ class ClassifierModule(L.LightningModule):
             self.model = model
         else:
             self.model = create_model(
-                model, num_classes=num_classes, input_shape=tuple(input_shape), mean=mean, std=std,
-                pretrained=pretrained, **(model_kwargs or {}),
+                model,
+                num_classes=num_classes,
+                input_shape=tuple(input_shape),
+                mean=mean,
+                std=std,
+                pretrained=pretrained,
+                **(model_kwargs or {}),
             )
         self.num_classes = num_classes
         self.input_shape = tuple(input_shape)

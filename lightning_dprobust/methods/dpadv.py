@@ -83,20 +83,24 @@ class DPAdv(ClassifierModule):
     def _stage_metrics(self) -> nn.ModuleDict:
         if self.hparams.multilabel:
             labels = self.num_classes
-            return nn.ModuleDict({
-                "acc": MultilabelAccuracy(num_labels=labels, average="macro"),
-                "robust_acc": MultilabelAccuracy(num_labels=labels, average="macro"),
-                "attribute_acc": MultilabelAccuracy(num_labels=labels, average=None),
-                "loss": MeanMetric(),
-            })
+            return nn.ModuleDict(
+                {
+                    "acc": MultilabelAccuracy(num_labels=labels, average="macro"),
+                    "robust_acc": MultilabelAccuracy(num_labels=labels, average="macro"),
+                    "attribute_acc": MultilabelAccuracy(num_labels=labels, average=None),
+                    "loss": MeanMetric(),
+                }
+            )
         classes = self.num_classes
-        return nn.ModuleDict({
-            "acc": MulticlassAccuracy(num_classes=classes, average="micro"),
-            "robust_acc": MulticlassAccuracy(num_classes=classes, average="micro"),
-            "loss": MeanMetric(),
-            "ece": MulticlassCalibrationError(num_classes=classes, n_bins=15, norm="l1"),
-            "paper_ece": PaperCalibrationError(num_bins=20, norm="mean"),
-        })
+        return nn.ModuleDict(
+            {
+                "acc": MulticlassAccuracy(num_classes=classes, average="micro"),
+                "robust_acc": MulticlassAccuracy(num_classes=classes, average="micro"),
+                "loss": MeanMetric(),
+                "ece": MulticlassCalibrationError(num_classes=classes, n_bins=15, norm="l1"),
+                "paper_ece": PaperCalibrationError(num_bins=20, norm="mean"),
+            }
+        )
 
     def _evaluate_adversarially(self, batch: Any, stage: str) -> None:
         x, y = batch

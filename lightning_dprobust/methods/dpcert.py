@@ -121,8 +121,14 @@ class DPCert(ClassifierModule):
             return x, x.new_zeros((0, hp.num_augmentations, *x.shape[1:]))
         seed = int(torch.randint(0, 2**62, (1,)))  # from the global RNG, so seed_everything makes runs reproducible
         generator = torch.Generator(device=x.device).manual_seed(seed)
-        attack = SmoothAdv(self, eps=self.smoothadv_radius(), sigma=hp.sigma, steps=hp.smoothadv_steps,
-                           num_noise=hp.num_augmentations, generator=generator)
+        attack = SmoothAdv(
+            self,
+            eps=self.smoothadv_radius(),
+            sigma=hp.sigma,
+            steps=hp.smoothadv_steps,
+            num_noise=hp.num_augmentations,
+            generator=generator,
+        )
         with preserve_modes(self), torch.enable_grad():
             adversarial = attack(x.detach(), y)
         return adversarial.detach(), attack.last_noise.detach()

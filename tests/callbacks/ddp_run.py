@@ -37,9 +37,18 @@ def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> N
     callback = DPCallback(max_grad_norm=1.0, noise_multiplier=1.2, delta=1e-5)
     recorder = GradientRecorder()
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=2,
-        use_distributed_sampler=False, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback, recorder],
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_epochs=2,
+        use_distributed_sampler=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[callback, recorder],
         max_steps=3 if zero_gradient else -1,
     )
     module = (ZeroGradient if zero_gradient else DPSGD)(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5)

@@ -18,7 +18,10 @@ def launch(out_dir: Path, devices: int, batch_size: int, *extra: str) -> list[di
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(out_dir), str(devices), str(batch_size), *extra],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]

@@ -141,8 +141,11 @@ class TwoOptimizers(DPSGD):
     [
         (lambda: dpsgd(), {"accumulate_grad_batches": 2}, "accumulate_grad_batches"),
         (lambda: dpsgd(), {"gradient_clip_val": 1.0}, "gradient_clip_val"),
-        (lambda: DPSGD(model=nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))),
-         {}, "BatchNorm"),
+        (
+            lambda: DPSGD(model=nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))),
+            {},
+            "BatchNorm",
+        ),
         (lambda: TwoOptimizers(model="cnn_tanh", input_shape=(1, 8, 8)), {}, "exactly one optimizer"),
     ],
 )
@@ -168,7 +171,9 @@ def test_manual_optimization_is_refused(tmp_path):
 def test_fp16_mixed_precision_is_refused(tmp_path):
     # On CPU Lightning turns "16-mixed" into bf16, so the fp16 check is exercised on a trainer stand-in.
     trainer = SimpleNamespace(
-        accumulate_grad_batches=1, precision="16-mixed", gradient_clip_val=None,
+        accumulate_grad_batches=1,
+        precision="16-mixed",
+        gradient_clip_val=None,
         _accelerator_connector=SimpleNamespace(is_distributed=False, use_distributed_sampler=True),
     )
     with pytest.raises(MisconfigurationException, match="precision"):
@@ -177,7 +182,9 @@ def test_fp16_mixed_precision_is_refused(tmp_path):
 
 def test_ddp_with_lightning_distributed_sampler_is_refused():
     trainer = SimpleNamespace(
-        accumulate_grad_batches=1, precision="32-true", gradient_clip_val=None,
+        accumulate_grad_batches=1,
+        precision="32-true",
+        gradient_clip_val=None,
         _accelerator_connector=SimpleNamespace(is_distributed=True, use_distributed_sampler=True),
     )
     with pytest.raises(MisconfigurationException, match="use_distributed_sampler=False"):

@@ -69,8 +69,9 @@ class MultilabelData(L.LightningDataModule):
 
 
 def test_multilabel_uses_bce_and_reports_per_attribute_accuracy(tmp_path):
-    module = DPAdv(attack="FGSM", attack_eps=0.05, multilabel=True, model="cnn_tanh", num_classes=6,
-                   input_shape=(3, 8, 8), lr=0.5)
+    module = DPAdv(
+        attack="FGSM", attack_eps=0.05, multilabel=True, model="cnn_tanh", num_classes=6, input_shape=(3, 8, 8), lr=0.5
+    )
     x, y = MultilabelData().dataset.tensors
     expected = torch.nn.functional.binary_cross_entropy_with_logits(module(x[:4]), y[:4], reduction="none").mean(1)
     torch.testing.assert_close(module.per_example_loss(x[:4], y[:4]), expected)
@@ -82,11 +83,14 @@ def test_multilabel_uses_bce_and_reports_per_attribute_accuracy(tmp_path):
     assert metrics["test/robust_acc"] <= metrics["test/acc"] + 1e-6
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"attack": "NoSuchAttack"}, "NoSuchAttack"),
-    ({"attack_eps": -0.1}, "attack_eps"),
-    ({"attack": "PGD", "multilabel": True}, "FGSM"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"attack": "NoSuchAttack"}, "NoSuchAttack"),
+        ({"attack_eps": -0.1}, "attack_eps"),
+        ({"attack": "PGD", "multilabel": True}, "FGSM"),
+    ],
+)
 def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DPAdv(**(SHAPE | kwargs))

@@ -22,7 +22,9 @@ VARIANTS = [
 
 def dpcert(**kwargs) -> DPCert:
     torch.manual_seed(0)
-    return DPCert(**({"model": "cnn_tanh", "num_classes": 10, "input_shape": (1, 8, 8), "num_augmentations": 2} | kwargs))
+    return DPCert(
+        **({"model": "cnn_tanh", "num_classes": 10, "input_shape": (1, 8, 8), "num_augmentations": 2} | kwargs)
+    )
 
 
 def batch(size: int = 6, seed: int = 0):
@@ -112,9 +114,15 @@ def test_augmentation_multiplicity_costs_exactly_the_privacy_of_dp_sgd(tmp_path)
     assert cert.epsilon() == plain.epsilon()
 
 
-@pytest.mark.parametrize(("kwargs", "key"), [({"augmentation": "mixup"}, "augmentation"),
-                                             ({"regularizer": "trades"}, "regularizer"),
-                                             ({"sigma": 0.0}, "sigma"), ({"num_augmentations": 0}, "num_augmentations")])
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"augmentation": "mixup"}, "augmentation"),
+        ({"regularizer": "trades"}, "regularizer"),
+        ({"sigma": 0.0}, "sigma"),
+        ({"num_augmentations": 0}, "num_augmentations"),
+    ],
+)
 def test_bad_arguments_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         dpcert(**kwargs)

@@ -27,21 +27,31 @@ from torch import nn
 from lightning_dprobust.core.smoothing import ABSTAIN, Certificate, Smooth
 from lightning_dprobust.models import create_model
 
-INPUT_SHAPE = (1, 28, 28)
+MNIST_SHAPE = (1, 28, 28)
+DIGITS_SHAPE = (1, 8, 8)
 NUM_CLASSES = 10
 
 
 def tanh_cnn() -> nn.Module:
     """The MNIST tanh CNN of Papernot et al. (2020, https://arxiv.org/abs/2007.14191) from the model registry."""
-    return create_model("cnn_tanh", num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)
+    return create_model("cnn_tanh", num_classes=NUM_CLASSES, input_shape=MNIST_SHAPE)
 
 
 def linear_model() -> nn.Module:
     """A linear classifier: its forward pass is so cheap that drawing the noise and the loop around it dominate."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(INPUT_SHAPE), NUM_CLASSES))
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(MNIST_SHAPE), NUM_CLASSES))
 
 
-MODELS: dict[str, Callable[[], nn.Module]] = {"cnn_tanh": tanh_cnn, "linear": linear_model}
+def digits_mlp() -> nn.Module:
+    """The model of the digits recipes and of ``make demo`` (tanh MLP, 64 hidden units, 8x8 inputs)."""
+    return create_model("mlp_tanh", num_classes=NUM_CLASSES, input_shape=DIGITS_SHAPE, hidden=64)
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, int, int]]] = {
+    "mlp_tanh_digits": (digits_mlp, DIGITS_SHAPE),
+    "cnn_tanh_mnist": (tanh_cnn, MNIST_SHAPE),
+    "linear_mnist": (linear_model, MNIST_SHAPE),
+}
 
 
 class ReferenceSmooth:
@@ -98,7 +108,8 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, float]:
     """
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = MODELS[model_name]().to(device).eval()
+    builder, input_shape = MODELS[model_name]
+    model = builder().to(device).eval()
     ours = Smooth(model, NUM_CLASSES, args.sigma)
     certifiers = {
         "reference": ReferenceSmooth(model, NUM_CLASSES, args.sigma).certify,
@@ -107,7 +118,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in certifiers}
     identical = True
     for i in range(args.repeats + 1):  # input 0 warms up and is not timed
-        x = torch.rand(INPUT_SHAPE, generator=torch.Generator().manual_seed(i)).to(device)
+        x = torch.rand(input_shape, generator=torch.Generator().manual_seed(i)).to(device)
         outs = {}
         for name in sorted(certifiers, reverse=bool(i % 2)):
             gen = torch.Generator(device=device).manual_seed(1000 + i)
@@ -134,14 +145,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--sigma", type=float, default=0.25)
     parser.add_argument("--alpha", type=float, default=0.001)
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["cnn_tanh", "linear"])
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
         f"device={args.device} threads={torch.get_num_threads()} n0={args.n0} n={args.n} "
-        f"batch_size={args.batch_size} repeats={args.repeats} input_shape={INPUT_SHAPE}\n"
+        f"batch_size={args.batch_size} repeats={args.repeats}\n"
     )
     print("| model | reference (samples/s) | ours (samples/s) | speed-up | identical certificates |")
     print("|---|---:|---:|---:|---|")

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import multiprocessing as mp
 import resource
 import time
+import warnings
 
 import torch
 
@@ -117,6 +119,8 @@ def _opacus_steps(model_name: str, steps: int, device: str) -> list[float]:
 
 
 def _measure(model_name: str, mode: str, steps: int, warmup: int, device: str, queue) -> None:
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.manual_seed(0)
     try:
         if mode == "Opacus hooks":

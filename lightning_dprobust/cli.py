@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -39,24 +39,23 @@ def run_lightning(args: Sequence[str]) -> None:
     )
 
 
-def _subcommands() -> dict[str, Callable[[Sequence[str]], None]]:
-    """Subcommands outside LightningCLI, imported lazily so ``dprobust fit`` starts fast."""
-    commands: dict[str, Callable[[Sequence[str]], None]] = {}
-    try:
-        from lightning_dprobust.evaluation.commands import COMMANDS
-    except ImportError:
-        return commands
-    commands.update(COMMANDS)
-    return commands
+SUBCOMMANDS = ("certify", "attack", "audit", "zoo")
+"""``dprobust`` subcommands outside LightningCLI (the rest go to ``fit|validate|test``)."""
+
+
+def _run_subcommand(name: str, args: Sequence[str]) -> None:
+    """Import lazily, so ``dprobust fit`` does not load the evaluation stack."""
+    from lightning_dprobust.evaluation.commands import COMMANDS
+
+    COMMANDS[name](args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dprobust`` console script; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = _subcommands()
     try:
-        if args and args[0] in commands:
-            commands[args[0]](args[1:])
+        if args and args[0] in SUBCOMMANDS:
+            _run_subcommand(args[0], args[1:])
         else:
             run_lightning(args)
     except USER_ERRORS as error:

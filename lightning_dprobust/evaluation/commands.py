@@ -29,6 +29,7 @@ from lightning_dprobust.evaluation.certify import (
 )
 from lightning_dprobust.evaluation.loading import load_classifier
 from lightning_dprobust.evaluation.reports import log_wandb, write_text
+from lightning_dprobust.zoo_cli import zoo_command
 
 if TYPE_CHECKING:
     from torchattacks.attack import Attack
@@ -276,5 +277,6 @@ def attack_command(argv: Sequence[str]) -> None:
 COMMANDS: dict[str, Callable[[Sequence[str]], None]] = {
     "certify": certify_command,
     "attack": attack_command,
+    "zoo": zoo_command,
 }
 """Evaluation subcommands of ``dprobust`` by name; each takes the arguments after the name."""

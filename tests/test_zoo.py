@@ -1,0 +1,279 @@
+"""The zoo's download path over real HTTP (127.0.0.1), its cache, its checks, and the shipped digits weights."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save
+
+from lightning_dprobust import zoo
+from lightning_dprobust.data import DigitsDataModule
+from lightning_dprobust.models import create_model
+from lightning_dprobust.zoo import (
+    CatalogError,
+    ChecksumError,
+    DownloadError,
+    NotShippedError,
+    UnknownEntryError,
+    UnsafeCheckpointError,
+    Zoo,
+)
+from tests.zoo_helpers import TINY_MODEL, TINY_NAME, ZooServer, files_under, tiny_state_dict, torch_bytes, write_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A temporary zoo directory behind a local HTTP server; yields (zoo_dir, server, cache_dir)."""
+    zoo_dir = tmp_path / "zoo"
+    zoo_dir.mkdir()
+    server = ZooServer(zoo_dir)
+    yield zoo_dir, server, tmp_path / "cache"
+    server.stop()
+
+
+def client(served) -> Zoo:
+    zoo_dir, server, cache = served
+    return Zoo(zoo_dir, base_url=server.url, cache_dir=cache)
+
+
+def tiny_logits(state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    model = create_model(TINY_MODEL["name"], **TINY_MODEL["kwargs"])
+    model.load_state_dict(state)
+    return model.eval()(x)
+
+
+def test_download_verifies_caches_and_loads_with_one_request(served):
+    zoo_dir, server, cache = served
+    state = tiny_state_dict()
+    payload = torch_bytes(state)
+    write_entry(zoo_dir, payload)
+    path = client(served).download(TINY_NAME)
+    assert path.parent == cache and path.read_bytes() == payload
+    assert server.requests == [f"/weights/{TINY_NAME}-{hashlib.sha256(payload).hexdigest()[:8]}.pth"]
+    assert client(served).download(TINY_NAME) == path
+    model = client(served).load(TINY_NAME)
+    assert len(server.requests) == 1, "a cache hit must not touch the network"
+    assert not model.training
+    x = torch.rand(5, 1, 4, 4)
+    torch.testing.assert_close(model(x), tiny_logits(state, x))
+
+
+def test_load_works_offline_once_cached(served):
+    zoo_dir, server, cache = served
+    write_entry(zoo_dir, torch_bytes(tiny_state_dict()))
+    client(served).download(TINY_NAME)
+    server.stop()
+    offline = Zoo(zoo_dir, base_url=server.url, cache_dir=cache)
+    assert offline.load(TINY_NAME)(torch.rand(2, 1, 4, 4)).shape == (2, 3)
+    with pytest.raises(DownloadError, match="nothing was cached"):
+        offline.download(TINY_NAME, force=True)
+    assert offline.load(TINY_NAME) is not None, "a failed forced download must keep the verified cached file"
+
+
+def test_a_corrupted_file_on_the_server_is_refused_and_nothing_is_cached(served):
+    zoo_dir, server, cache = served
+    entry = write_entry(zoo_dir, torch_bytes(tiny_state_dict()))
+    served_file = zoo_dir / entry["url"]
+    corrupted = bytearray(served_file.read_bytes())
+    corrupted[len(corrupted) // 2] ^= 0xFF
+    served_file.write_bytes(bytes(corrupted))
+    with pytest.raises(ChecksumError, match=entry["sha256"]):
+        client(served).download(TINY_NAME)
+    assert files_under(cache) == []
+
+
+def test_a_wrong_sha256_in_the_entry_is_refused(served):
+    zoo_dir, server, cache = served
+    write_entry(zoo_dir, torch_bytes(tiny_state_dict()), sha256="ab" * 32)
+    with pytest.raises(ChecksumError):
+        client(served).load(TINY_NAME)
+    assert len(server.requests) == 1
+    assert files_under(cache) == []
+
+
+@pytest.mark.parametrize(("mode", "error"), [("short_body", DownloadError), ("no_length", ChecksumError)])
+def test_an_interrupted_transfer_leaves_no_partial_file(served, mode, error):
+    zoo_dir, server, cache = served
+    write_entry(zoo_dir, torch_bytes(tiny_state_dict()))
+    server.mode = mode
+    with pytest.raises(error):
+        client(served).download(TINY_NAME)
+    assert files_under(cache) == []
+    server.mode = "normal"
+    assert client(served).download(TINY_NAME).is_file(), "a later complete transfer must succeed"
+
+
+def test_a_corrupted_cached_file_is_reported_not_used(served):
+    zoo_dir, server, cache = served
+    write_entry(zoo_dir, torch_bytes(tiny_state_dict()))
+    path = client(served).download(TINY_NAME)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(ChecksumError, match="force=True"):
+        client(served).load(TINY_NAME)
+    assert client(served).download(TINY_NAME, force=True).read_bytes() == (zoo_dir / "weights" / path.name).read_bytes()
+
+
+class _RunsCode:
+    """Unpickling this object would call ``Path.touch`` on ``marker``: a stand-in for arbitrary code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_with_pickled_code_is_refused_without_running_it(served, tmp_path):
+    zoo_dir, server, cache = served
+    marker = tmp_path / "code_ran"
+    write_entry(zoo_dir, torch_bytes({"net.layers.1.weight": _RunsCode(marker)}))
+    with pytest.raises(UnsafeCheckpointError, match="refusing to load"):
+        client(served).load(TINY_NAME)
+    assert not marker.exists()
+    pickle.loads(pickle.dumps(_RunsCode(marker)))  # the payload is live: plain unpickling does run it
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("payload", [[torch.zeros(1)], {"a": {"b": torch.zeros(1)}}, {"a": 1.0}])
+def test_a_checkpoint_that_is_not_a_flat_state_dict_is_refused(served, payload):
+    zoo_dir, server, cache = served
+    write_entry(zoo_dir, torch_bytes(payload))
+    with pytest.raises(UnsafeCheckpointError, match="flat"):
+        client(served).load(TINY_NAME)
+
+
+def _without_last_bias(state):
+    state.pop("net.layers.5.bias")
+    return state
+
+
+def _wider(state):
+    kwargs = {**TINY_MODEL["kwargs"], "hidden": 5}
+    return create_model(TINY_MODEL["name"], **kwargs).state_dict()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"), [(_without_last_bias, r"net\.layers\.5\.bias"), (_wider, "size mismatch")]
+)
+def test_weights_that_do_not_fit_the_model_are_refused(served, edit, message):
+    zoo_dir, server, cache = served
+    write_entry(zoo_dir, torch_bytes(edit(tiny_state_dict())))
+    with pytest.raises(CatalogError, match=message):
+        client(served).load(TINY_NAME)
+
+
+def test_safetensors_weights_load(served):
+    zoo_dir, server, cache = served
+    state = tiny_state_dict(seed=3)
+    write_entry(zoo_dir, save(state), suffix=".safetensors")
+    x = torch.rand(4, 1, 4, 4)
+    torch.testing.assert_close(client(served).load(TINY_NAME)(x), tiny_logits(state, x))
+
+
+def test_a_file_url_base_serves_a_local_zoo(tmp_path):
+    write_entry(tmp_path / "zoo", torch_bytes(tiny_state_dict()))
+    local = Zoo(tmp_path / "zoo", base_url=(tmp_path / "zoo").as_uri(), cache_dir=tmp_path / "cache")
+    assert local.download(TINY_NAME).parent == tmp_path / "cache"
+
+
+def test_unknown_names_get_close_matches(served):
+    write_entry(served[0], torch_bytes(tiny_state_dict()))
+    with pytest.raises(UnknownEntryError, match=f"Did you mean: {TINY_NAME}"):
+        client(served).info("mlp_tanh.tiny_tset")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda e: e.pop("sha256"), "exactly the keys"),
+        (lambda e: e.update(name="MLP-tanh"), "arch.tag"),
+        (lambda e: e.update(status="private"), "status"),
+        (lambda e: e["model"].update(name="cnn_tanh"), "model must be"),
+        (lambda e: e.update(file="mlp_tanh.tiny_test-00000000.pth"), "sha256 prefix"),
+        (lambda e: e["meta"].pop("privacy"), "meta needs"),
+        (lambda e: e["meta"].update(privacy={"epsilon": 1.0}), "meta.privacy"),
+        (lambda e: e.update(status="recipe"), "meta needs"),
+    ],
+)
+def test_malformed_entries_are_rejected_naming_the_file(tmp_path, edit, message):
+    entry = write_entry(tmp_path, b"weights")
+    edit(entry)
+    path = tmp_path / "entries" / f"{TINY_NAME}.yaml"
+    path.write_text(yaml.safe_dump(entry))
+    with pytest.raises(CatalogError, match=message) as caught:
+        Zoo(tmp_path, cache_dir=tmp_path / "cache").entries()
+    assert str(path) in str(caught.value)
+
+
+def test_recipe_entries_refuse_download_and_say_how_to_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("DPROBUST_HOME", str(tmp_path))
+    recipes = [entry for entry in zoo.list_entries() if entry.status == "recipe"]
+    assert recipes
+    with pytest.raises(NotShippedError, match=f"dprobust zoo build {recipes[0].name}"):
+        zoo.download(recipes[0].name)
+    assert files_under(tmp_path) == []
+
+
+def test_module_api_lists_with_patterns_and_has_the_list_alias():
+    names = [entry.name for entry in zoo.list("*.dpsgd_*")]
+    assert names == sorted(names) and names
+    assert all(".dpsgd_" in name for name in names)
+    assert zoo.list is zoo.list_entries
+    assert {entry.name for entry in zoo.list()} >= set(names)
+    assert zoo.info(names[0]).name == names[0]
+    with pytest.raises(AttributeError):
+        zoo.no_such_function  # noqa: B018
+
+
+def test_cache_and_url_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DPROBUST_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DPROBUST_ZOO_URL", "https://example.org/zoo")
+    default = Zoo()
+    assert default.cache_dir == tmp_path / "home" / "zoo"
+    assert default.base_url == "https://example.org/zoo/"
+    monkeypatch.delenv("DPROBUST_HOME")
+    monkeypatch.delenv("DPROBUST_ZOO_URL")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    default = Zoo()
+    assert default.cache_dir == Path.home() / ".cache" / "dprobust" / "zoo"
+    assert default.base_url == (ROOT / "zoo").as_uri() + "/"
+
+
+# --------------------------------------------------------------------------------------- the shipped weights
+SHIPPED_DIGITS = [entry for entry in zoo.list_entries("*digits*") if entry.status == "shipped"]
+
+
+def digits_test_split(entry) -> tuple[torch.Tensor, torch.Tensor]:
+    """The test split of the entry's recipe, rebuilt from the recipe config's data arguments."""
+    config = yaml.safe_load((ROOT / entry.meta["recipe"]["config"]).read_text())
+    data = DigitsDataModule(**config["data"].get("init_args", {}))
+    data.setup("test")
+    images, labels = data.test_set.tensors
+    return images, labels
+
+
+@pytest.mark.parametrize("entry", SHIPPED_DIGITS, ids=lambda entry: entry.name)
+def test_shipped_digits_weights_reach_their_recorded_test_accuracy(entry, monkeypatch, tmp_path):
+    monkeypatch.setenv("DPROBUST_HOME", str(tmp_path))
+    model = zoo.load(entry.name)
+    images, labels = digits_test_split(entry)
+    with torch.no_grad():
+        accuracy = (model(images).argmax(dim=1) == labels).float().mean().item()
+    assert abs(accuracy - entry.meta["metrics"]["test_acc"]) <= 0.005
+    assert accuracy > 0.5, "a digits model must beat chance (10%) by far"
+
+
+def test_the_four_digits_entries_are_shipped():
+    assert {entry.tag for entry in SHIPPED_DIGITS} == {
+        "erm_digits",
+        "dpsgd_digits_eps1",
+        "dpsgd_digits_eps3",
+        "dpsgd_digits_eps8",
+    }

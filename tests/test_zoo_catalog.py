@@ -1,0 +1,201 @@
+"""Schema of every entry in the shipped catalog ``zoo/entries``, checked on the raw YAML against independent sources.
+
+As torchvision's ``test_schema_meta_validation``: required and permitted keys per status and kind (classifier, DP
+classifier, smoothed classifier), ``num_params`` equal to the built model's, ``arch.tag`` names with a registered
+arch, the model's normalization equal to its data module's, and every shipped file's SHA-256. Privacy records of
+shipped entries are recomputed with Opacus' RDP analysis (an implementation independent of ours).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from opacus.accountants.analysis import rdp as opacus_rdp
+
+from lightning_dprobust.core.accounting import DEFAULT_RDP_ORDERS
+from lightning_dprobust.models import create_model, list_models
+from lightning_dprobust.models.timm_models import is_timm_model
+from lightning_dprobust.zoo import Zoo
+from lightning_dprobust.zoo_build import recipe_config
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "zoo"
+RAW = {path.stem: yaml.safe_load(path.read_text()) for path in sorted((ZOO / "entries").glob("*.yaml"))}
+NAMES = sorted(RAW)
+REQUIRED = {"name", "status", "url", "file", "sha256", "model", "preprocessing", "meta"}
+META_REQUIRED = {"dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe"}
+META_PERMITTED = META_REQUIRED | {"target_metrics", "target_citation", "notes"}
+PRIVACY = {"epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps"}
+
+
+def shipped() -> list[str]:
+    return [name for name in NAMES if RAW[name]["status"] == "shipped"]
+
+
+def test_the_catalog_has_the_planned_datasets_and_reads_through_the_api():
+    assert {RAW[name]["meta"]["dataset"] for name in NAMES} >= {
+        "digits",
+        "mnist",
+        "fashion_mnist",
+        "cifar10",
+        "tiny_imagenet",
+        "celeba",
+        "idc",
+    }
+    assert [entry.name for entry in Zoo(ZOO).list_entries()] == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_keys_name_and_status(name):
+    entry = RAW[name]
+    assert set(entry) == REQUIRED
+    assert entry["name"] == name
+    arch, tag = re.fullmatch(r"([a-z0-9_]+)\.([a-z0-9_]+)", name).groups()
+    assert arch in list_models() or is_timm_model(arch), f"{arch} is neither registered nor a timm architecture"
+    assert entry["model"]["name"] in (arch, f"timm/{arch}")
+    meta = entry["meta"]
+    assert META_REQUIRED <= set(meta) <= META_PERMITTED
+    assert entry["status"] in ("shipped", "recipe")
+    if entry["status"] == "recipe":
+        assert entry["url"] is entry["file"] is entry["sha256"] is None
+        assert "target_metrics" in meta and isinstance(meta["target_citation"], str) and meta["target_citation"]
+    else:
+        assert meta["metrics"] and all(0.0 <= value <= 1.0 for value in meta["metrics"].values())
+        assert re.fullmatch(r"[0-9a-f]{40}", meta["recipe"]["commit"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_num_params_and_preprocessing_match_the_built_model(name):
+    entry = RAW[name]
+    model = create_model(entry["model"]["name"], **entry["model"]["kwargs"])
+    assert entry["meta"]["num_params"] == sum(p.numel() for p in model.parameters())
+    kwargs, preprocessing = entry["model"]["kwargs"], entry["preprocessing"]
+    assert preprocessing["input_shape"] == kwargs["input_shape"]
+    assert preprocessing["value_range"] == [0.0, 1.0] and preprocessing["normalization"] == "model"
+    assert model.normalize.mean.flatten().tolist() == pytest.approx(kwargs["mean"])
+    assert model.normalize.std.flatten().tolist() == pytest.approx(kwargs["std"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kind_specific_meta(name):
+    meta = RAW[name]["meta"]
+    if meta["smoothing"] is not None:
+        assert set(meta["smoothing"]) == {"sigma"} and meta["smoothing"]["sigma"] > 0
+    privacy = meta["privacy"]
+    if privacy is None:
+        assert "eps" not in RAW[name]["name"].split(".")[1], "a non-private entry must not carry an epsilon tag"
+        return
+    assert set(privacy) == PRIVACY and privacy["accountant"] in ("rdp", "prv", "gdp")
+    assert 0 < privacy["delta"] < 1e-4 and privacy["max_grad_norm"] > 0
+    if RAW[name]["status"] == "shipped":
+        assert all(value is not None for value in privacy.values())
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if RAW[name]["meta"]["privacy"]] or ["none"])
+def test_the_epsilon_tag_is_kept(name):
+    if name == "none":
+        pytest.skip("no private entry")
+    privacy, tag = RAW[name]["meta"]["privacy"], name.split(".")[1]
+    target = float(re.search(r"_eps(\d+)", tag).group(1))
+    if RAW[name]["status"] == "shipped":
+        assert 0.95 * target <= privacy["epsilon"] <= 1.005 * target
+    elif privacy["epsilon"] is not None:
+        assert privacy["epsilon"] == pytest.approx(target, rel=0.05)
+
+
+@pytest.mark.parametrize("name", shipped() or ["none"])
+def test_shipped_weights_match_their_sha256(name):
+    if name == "none":
+        pytest.skip("no shipped entry")
+    entry = RAW[name]
+    path = ZOO / entry["url"]
+    assert path.name == entry["file"] == f"{name}-{entry['sha256'][:8]}.pth"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
+
+
+def test_every_weights_file_belongs_to_an_entry():
+    files = {path.name for path in (ZOO / "weights").glob("*")} if (ZOO / "weights").exists() else set()
+    assert files <= {RAW[name]["file"] for name in shipped()}
+
+
+@pytest.mark.parametrize("name", [name for name in shipped() if RAW[name]["meta"]["privacy"]] or ["none"])
+def test_shipped_epsilon_matches_opacus_rdp_analysis(name):
+    if name == "none":
+        pytest.skip("no shipped private entry")
+    privacy = RAW[name]["meta"]["privacy"]
+    assert privacy["accountant"] == "rdp", "compare other accountants with their own reference"
+    orders = list(DEFAULT_RDP_ORDERS)
+    rdp = opacus_rdp.compute_rdp(
+        q=privacy["sample_rate"], noise_multiplier=privacy["noise_multiplier"], steps=privacy["steps"], orders=orders
+    )
+    epsilon, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=privacy["delta"])
+    assert privacy["epsilon"] == pytest.approx(epsilon, rel=1e-4)
+
+
+def _data_module(config: dict):
+    module_path, class_name = config["data"]["class_path"].rsplit(".", 1)
+    return getattr(importlib.import_module(module_path), class_name)(**config["data"].get("init_args", {}))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
+    entry = RAW[name]
+    path = ROOT / entry["meta"]["recipe"]["config"]
+    if not path.is_file():
+        assert entry["status"] == "recipe", f"shipped entry {name} lost its recipe config {path}"
+        pytest.skip(f"recipe config {path} not written yet (method {entry['meta']['method']})")
+    config, _ = recipe_config(Zoo(ZOO).info(name))
+    init = config["model"]["init_args"]
+    kwargs = entry["model"]["kwargs"]
+    assert init["model"] == entry["model"]["name"]
+    extra = {
+        k: v for k, v in (init.get("model_kwargs") or {}).items() if k not in ("pretrained", "pretrained_cfg_overlay")
+    }
+    assert extra == {k: v for k, v in kwargs.items() if k not in ("num_classes", "input_shape", "mean", "std")}
+    data = _data_module(config)
+    assert data.name == entry["meta"]["dataset"]
+    assert (data.num_classes, list(data.input_shape)) == (kwargs["num_classes"], kwargs["input_shape"])
+    assert list(data.mean) == pytest.approx(kwargs["mean"]) and list(data.std) == pytest.approx(kwargs["std"])
+    if entry["meta"]["privacy"] is None:
+        assert not any("DPCallback" in c["class_path"] for c in config["trainer"].get("callbacks", []))
+
+
+def test_published_reference_values():
+    """Parameter counts known independently of our code: Bu et al.'s 26,010 for the MNIST tanh CNN and the closed
+    form of a two-hidden-layer MLP."""
+    by_setup = {(RAW[n]["model"]["name"], tuple(RAW[n]["model"]["kwargs"]["input_shape"])): RAW[n] for n in NAMES}
+    assert by_setup[("cnn_tanh", (1, 28, 28))]["meta"]["num_params"] == 26_010
+    for entry in RAW.values():
+        if entry["model"]["name"] == "mlp_tanh":
+            kwargs = entry["model"]["kwargs"]
+            d, h, k = math.prod(kwargs["input_shape"]), kwargs.get("hidden", 128), kwargs["num_classes"]
+            assert entry["meta"]["num_params"] == (d + 1) * h + (h + 1) * h + (h + 1) * k
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
+    entry = RAW[name]
+    if not (ROOT / entry["meta"]["recipe"]["config"]).is_file():
+        pytest.skip("recipe config not written yet")
+    config, _ = recipe_config(Zoo(ZOO).info(name))
+    callbacks = [c for c in config["trainer"].get("callbacks", []) if c["class_path"].endswith(".DPCallback")]
+    privacy = entry["meta"]["privacy"]
+    assert len(callbacks) == (privacy is not None)
+    if privacy is not None:
+        args = callbacks[0]["init_args"]
+        assert privacy["delta"] == args["delta"] and privacy["max_grad_norm"] == args["max_grad_norm"]
+        assert privacy["accountant"] == args.get("accountant", "rdp")
+        if args.get("noise_multiplier") is not None:
+            assert privacy["noise_multiplier"] == args["noise_multiplier"]
+        if args.get("target_epsilon") is not None and privacy["epsilon"] is not None:
+            assert privacy["epsilon"] <= args["target_epsilon"] * 1.005
+            assert privacy["epsilon"] >= (0.95 if entry["status"] == "shipped" else 1.0) * args["target_epsilon"]
+    smoothing = entry["meta"]["smoothing"]
+    if smoothing is not None:
+        assert config["model"]["init_args"]["sigma"] == smoothing["sigma"]

@@ -21,7 +21,7 @@ PRIVACY_KEYS = ("epsilon", "delta", "accountant", "noise_multiplier", "max_grad_
 ENTRY_KEYS = ("name", "status", "url", "file", "sha256", "model", "preprocessing", "meta")
 META_KEYS = ("dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe")
 RECIPE_META_KEYS = ("target_metrics", "target_citation")
-OPTIONAL_META_KEYS = RECIPE_META_KEYS + ("notes",)
+OPTIONAL_META_KEYS = RECIPE_META_KEYS + ("notes", "robustness")
 WEIGHT_SUFFIXES = (".pth", ".safetensors")
 NAME_PATTERN = re.compile(r"^(?P<arch>[a-z0-9_]+)\.(?P<tag>[a-z0-9_]+)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -166,6 +166,9 @@ def _check_meta(meta: Any, status: str, source: str) -> None:
     smoothing = meta["smoothing"]
     if smoothing is not None and (not isinstance(smoothing, dict) or set(smoothing) != {"sigma"}):
         raise catalog_error(source, "meta.smoothing must be null or {sigma: <noise std in pixel units>}")
+    robustness = meta.get("robustness")
+    if robustness is not None and (not isinstance(robustness, dict) or not {"attack", "eps"} <= set(robustness)):
+        raise catalog_error(source, "meta.robustness must be null or {attack: <suite name>, eps: <budget>, ...kwargs}")
     if not isinstance(meta["metrics"], dict) or (status == "shipped" and not meta["metrics"]):
         raise catalog_error(source, "meta.metrics must be a mapping, with the measured metrics when shipped")
     if not isinstance(meta["recipe"], dict) or not {"config", "commit"} <= set(meta["recipe"]):

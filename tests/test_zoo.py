@@ -270,10 +270,13 @@ def test_shipped_digits_weights_reach_their_recorded_test_accuracy(entry, monkey
     assert accuracy > 0.5, "a digits model must beat chance (10%) by far"
 
 
-def test_the_four_digits_entries_are_shipped():
+def test_the_digits_entries_are_shipped():
     assert {entry.tag for entry in SHIPPED_DIGITS} == {
         "erm_digits",
         "dpsgd_digits_eps1",
         "dpsgd_digits_eps3",
         "dpsgd_digits_eps8",
+        "dpcert_digits_eps3_s025",
+        "dpcert_digits_eps3_s050",
+        "dpadv_digits_eps3",
     }

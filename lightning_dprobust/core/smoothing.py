@@ -220,7 +220,7 @@ class Smooth:
         with _eval_mode(self.base_classifier), torch.inference_mode():
             for size in _batch_sizes(num, batch_size):
                 noisy = noisy_buffer[:size]
-                noisy.normal_(generator=generator).mul_(self.sigma).add_(x)
+                noisy.normal_(0.0, self.sigma, generator=generator).add_(x)
                 logits = self.base_classifier(noisy)
                 self._check_logits(logits, size)
                 # scatter_add_ rather than bincount: bincount reads the maximum back to the host on CUDA.

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dprobust.data import DATAMODULES
+from lightning_dprobust.evaluation.audit_command import audit_command
 from lightning_dprobust.evaluation.certify import (
     certify_dataset,
     format_summary,
@@ -277,6 +278,7 @@ def attack_command(argv: Sequence[str]) -> None:
 COMMANDS: dict[str, Callable[[Sequence[str]], None]] = {
     "certify": certify_command,
     "attack": attack_command,
+    "audit": audit_command,
     "zoo": zoo_command,
 }
 """Evaluation subcommands of ``dprobust`` by name; each takes the arguments after the name."""

@@ -1,0 +1,237 @@
+"""``dprobust audit``: membership inference on a checkpoint, or a one-run canary audit of a training config.
+
+Two modes, chosen by the flags:
+
+* ``dprobust audit --ckpt PATH_OR_ZOO [--data digits]``: the loss, shadow-model and offline LiRA attacks
+  (:mod:`lightning_dprobust.evaluation.membership`); members are the data module's train split for ``--split-seed``,
+  non-members its validation and test splits.
+* ``dprobust audit --config CONFIG --canaries M [--epochs N] [--no-dp]``: the one-run audit of Steinke et al. 2023
+  (:func:`lightning_dprobust.evaluation.audit.canary_audit`): prints the claimed epsilon and the empirical lower bound.
+
+Usage errors raise ``ValueError`` naming the flag; ``dprobust`` reports them in one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from lightning_dprobust.data import DATAMODULES
+from lightning_dprobust.evaluation.audit import (
+    CanaryReport,
+    Recipe,
+    canary_audit,
+    checkpoint_membership_audit,
+    load_recipe,
+    zoo_recipe,
+)
+from lightning_dprobust.evaluation.membership import ATTACKS, MembershipReport
+from lightning_dprobust.evaluation.reports import log_wandb, markdown_table, write_text
+from lightning_dprobust.evaluation.roc import LOW_FPRS, low_fpr_note, plot_roc
+from lightning_dprobust.zoo_catalog import ZooError
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose usage errors raise ``ValueError``, so ``dprobust`` reports them in one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="dprobust audit", description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--ckpt", metavar="PATH_OR_ZOO_NAME", help="membership attacks on this .ckpt or zoo entry")
+    add("--data", default="digits", choices=sorted(DATAMODULES), help="--ckpt mode: its data module (default: digits)")
+    add("--data-dir", default=None, help="--ckpt mode: dataset folder (default: $DPROBUST_DATA/<data>)")
+    add("--split-seed", type=int, default=0, help="--ckpt mode: the data module seed it was trained with (default 0)")
+    add("--shadows", type=int, default=8, help="--ckpt mode: shadow models to train (default: 8)")
+    add("--attack", action="append", choices=ATTACKS, help="--ckpt mode: attack to run; repeat (default: all)")
+    add("--batch-size", type=int, default=256, help="--ckpt mode without --config: shadow batch size (default: 256)")
+    add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt)")
+    add("--canaries", type=int, help="one-run audit with this many canaries (needs --config)")
+    add("--epochs", type=int, help="epochs of every model this command trains (default: the recipe's, else 40)")
+    add("--no-dp", action="store_true", help="drop the config's DPCallback (no clipping, no noise)")
+    add("--target-epsilon", type=float, help="override the DPCallback's target_epsilon")
+    add("--beta", type=float, default=0.05, help="--canaries mode: 1 - confidence of the bound (default: 0.05)")
+    add("--delta", type=float, help="--canaries mode: delta of the tested hypothesis (default: the run's, else 1e-5)")
+    add("--seed", type=int, help="seed of training (default: the config's) and of the audit's random choices (0)")
+    add("--device", default="auto", help="torch device; auto: cuda if available, else cpu")
+    add("--out", default="runs/audit", help="output folder (default: runs/audit)")
+    add("--wandb", action=argparse.BooleanOptionalAction, default=True, help="log to W&B, offline by default")
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    if (args.ckpt is None) == (args.canaries is None):
+        raise ValueError("dprobust audit: give either --ckpt (membership attacks) or --canaries with --config")
+    if args.canaries is not None and args.config is None:
+        raise ValueError("--canaries needs --config, the training recipe to audit (e.g. configs/dpsgd/digits.yaml)")
+    checks = [
+        ("--canaries", args.canaries, args.canaries is None or args.canaries >= 2, "an integer >= 2"),
+        ("--shadows", args.shadows, args.shadows >= 0, "an integer >= 0"),
+        ("--epochs", args.epochs, args.epochs is None or args.epochs >= 1, "an integer >= 1"),
+        ("--batch-size", args.batch_size, args.batch_size >= 1, "an integer >= 1"),
+        ("--beta", args.beta, 0 < args.beta < 1, "in (0, 1)"),
+        ("--delta", args.delta, args.delta is None or 0 <= args.delta < 1, "in [0, 1)"),
+        (
+            "--target-epsilon",
+            args.target_epsilon,
+            args.target_epsilon is None or (math.isfinite(args.target_epsilon) and args.target_epsilon > 0),
+            "> 0",
+        ),
+    ]
+    for flag, value, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"{flag} must be {expected}, got {value!r}")
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return str(torch.device(name))
+    except RuntimeError as error:
+        raise ValueError(f"--device {name!r} is not a torch device: use cpu, cuda or cuda:N") from error
+
+
+def _adjust(recipe: Recipe, args: argparse.Namespace) -> Recipe:
+    """Apply ``--epochs``, ``--no-dp``, ``--target-epsilon`` and ``--seed`` to ``recipe``."""
+    changes: dict = {}
+    if args.epochs is not None:
+        changes["max_epochs"] = args.epochs
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if args.no_dp:
+        changes["dp"] = None
+    elif args.target_epsilon is not None:
+        if recipe.dp is None:
+            raise ValueError("--target-epsilon needs a config with a DPCallback (drop --no-dp)")
+        dp = {key: value for key, value in recipe.dp.items() if key != "noise_multiplier"}
+        changes["dp"] = dp | {"target_epsilon": args.target_epsilon}
+    return recipe.replace(**changes)
+
+
+def _finish(args: argparse.Namespace, out: Path, summary: str, metrics: dict, images: dict) -> None:
+    written = [write_text(summary, out / "audit.md"), *images.values()]
+    if args.wandb:
+        written.append(log_wandb(out, "audit", vars(args), metrics, images))
+    print("\nwrote:")
+    for path in written:
+        if path is not None:
+            print(f"  {path}")
+
+
+# ----------------------------------------------------------------------------------------------------- canaries
+def _claimed(epsilon: float) -> str:
+    return "inf (no DP)" if math.isinf(epsilon) else f"{epsilon:.3f}"
+
+
+def format_canary_report(report: CanaryReport, label: str) -> str:
+    """Markdown: the claimed epsilon next to the empirical lower bound, and how the bound was obtained."""
+    audit = report.audit
+    auc = f"{report.canary_roc.auc:.3f}" if report.canary_roc is not None else "n/a"
+    bound, guesses = f"{audit.epsilon_lower_bound:.3f}", f"{audit.correct}/{audit.guesses}"
+    rows = [[label, _claimed(report.claimed_epsilon), bound, guesses, f"{audit.k_plus}/{audit.k_minus}", auc,
+             f"{report.test_accuracy:.3f}"]]  # fmt: skip
+    header = ["run", "claimed epsilon", "epsilon lower bound", "correct/guesses", "k+/k-", "canary AUC", "accuracy"]
+    return (
+        f"{markdown_table(header, rows)}\n\n"
+        f"One-run audit (Steinke, Nasr, Jagielski 2023, arXiv 2305.08846, Theorem 5.2): {audit.num_canaries} "
+        f"mislabeled held-out canaries, {int(report.included.sum())} included; lower bound at "
+        f"{100 * (1 - audit.beta):g}% confidence for delta={audit.delta:g}, union bound over "
+        f"{audit.num_candidates} guess counts. Accuracy: held-out examples that are not canaries."
+    )
+
+
+def _canary_mode(args: argparse.Namespace, device: str) -> None:
+    recipe, datamodule = load_recipe(args.config)
+    recipe = _adjust(recipe, args)
+    report = canary_audit(recipe, datamodule, args.canaries, beta=args.beta, delta=args.delta, device=device)
+    config = Path(args.config)
+    summary = format_canary_report(report, f"{config.parent.name}/{config.stem}" + (" (no DP)" if args.no_dp else ""))
+    print(f"\n{summary}\n")
+    claimed = _claimed(report.claimed_epsilon)
+    print(f"claimed epsilon: {claimed}; empirical lower bound: {report.audit.epsilon_lower_bound:.3f}")
+    metrics = {
+        "canary/epsilon_lower_bound": report.audit.epsilon_lower_bound,
+        "canary/correct": report.audit.correct,
+        "canary/guesses": report.audit.guesses,
+        "canary/test_accuracy": report.test_accuracy,
+    }
+    if math.isfinite(report.claimed_epsilon):
+        metrics["canary/claimed_epsilon"] = report.claimed_epsilon
+    if report.canary_roc is not None:
+        metrics["canary/auc"] = report.canary_roc.auc
+    _finish(args, Path(args.out), summary, metrics, {})
+
+
+# --------------------------------------------------------------------------------------------------- membership
+def format_membership_report(report: MembershipReport) -> str:
+    """Markdown: one row per attack (AUC, best balanced accuracy, TPR at 0.1% and 1% FPR) and the low-FPR caveat."""
+    header = ["attack", "AUC", "balanced acc", *(f"TPR@{100 * fpr:g}%FPR" for fpr in LOW_FPRS)]
+    rows = [
+        [name, f"{m.auc:.4f}", f"{m.balanced_accuracy:.4f}", *(f"{m.tpr_at_low_fpr[fpr]:.4f}" for fpr in LOW_FPRS)]
+        for name, m in report.metrics.items()
+    ]
+    first = next(iter(report.metrics.values()))
+    return (
+        f"{markdown_table(header, rows)}\n\n{first.num_members} members vs {first.num_nonmembers} non-members, "
+        f"{report.num_shadows} shadow models on a pool of {len(report.split.shadow_pool)}. "
+        f"{low_fpr_note(first.num_nonmembers)}."
+    )
+
+
+def _shadow_recipe(args: argparse.Namespace, model: object) -> Recipe:
+    """``--config``, else the checkpoint's own hyperparameters, else the zoo entry's recipe."""
+    from lightning_dprobust.methods.base import ClassifierModule
+
+    if args.config is not None:
+        return _adjust(load_recipe(args.config)[0], args)
+    if isinstance(model, ClassifierModule):
+        return _adjust(Recipe.from_module(model, args.batch_size, args.epochs or 40), args)
+    try:
+        return _adjust(zoo_recipe(args.ckpt)[0], args)
+    except ZooError as error:
+        raise ValueError(
+            f"--ckpt {args.ckpt}: its training recipe is unavailable ({error}); pass --config CONFIG (e.g. "
+            "configs/erm/digits.yaml) so the shadow models can be trained like it"
+        ) from error
+
+
+def _membership_mode(args: argparse.Namespace, device: str) -> None:
+    from lightning_dprobust.evaluation.loading import load_classifier
+
+    attacks = tuple(args.attack or ATTACKS)
+    try:
+        model = load_classifier(args.ckpt)
+    except ZooError as error:
+        raise ValueError(f"--ckpt {args.ckpt!r} is not a usable zoo entry or checkpoint file: {error}") from error
+    recipe = _shadow_recipe(args, model) if {"shadow", "lira"} & set(attacks) else None
+    datamodule = DATAMODULES[args.data](data_dir=args.data_dir, seed=args.split_seed)
+    report = checkpoint_membership_audit(model, datamodule, recipe, args.shadows, attacks, args.seed or 0, device)
+    summary = format_membership_report(report)
+    print(f"\n{args.ckpt} on {args.data}:\n\n{summary}")
+    out = Path(args.out)
+    title = Path(args.ckpt).stem if Path(args.ckpt).suffix == ".ckpt" else args.ckpt
+    plot = plot_roc(report.metrics, out / "roc.png", title=title)
+    metrics = {
+        f"membership/{name}/{key}": value for name, m in report.metrics.items() for key, value in m.summary().items()
+    }
+    _finish(args, out, summary, metrics, {"roc": plot})
+
+
+def audit_command(argv: Sequence[str]) -> None:
+    """``dprobust audit``: see the module docstring; writes ``<out>/audit.md`` (and ``roc.png``) and logs to W&B."""
+    args = _parser().parse_args(argv)
+    _check(args)
+    device = _device(args.device)
+    if args.canaries is not None:
+        _canary_mode(args, device)
+    else:
+        _membership_mode(args, device)

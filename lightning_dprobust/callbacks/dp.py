@@ -22,10 +22,9 @@ from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.core.accounting import (
     ACCOUNTANTS,
     PrivacyLedger,
-    calibrate_noise_multiplier,
     default_delta,
-    max_steps_within_budget,
 )
+from lightning_dprobust.core.calibration import calibrate_noise_multiplier, max_steps_within_budget
 from lightning_dprobust.core.per_sample import CLIPPING_RULES, PerExampleClipper, gaussian_noise_like
 
 

@@ -18,15 +18,14 @@ from lightning_dprobust.core.accounting import (
     DEFAULT_RDP_ORDERS,
     PrivacyEvent,
     PrivacyLedger,
-    calibrate_noise_multiplier,
     compute_rdp,
     default_delta,
     epsilon_for,
     gdp_epsilon,
     gdp_mu_to_epsilon,
-    max_steps_within_budget,
     rdp_to_epsilon,
 )
+from lightning_dprobust.core.calibration import calibrate_noise_multiplier, max_steps_within_budget
 
 # Opacus tests/accountants_test.py: sigma=1.5, q=0.04; RDP uses int(90 / 0.04), PRV and GDP use int(90 // 0.04).
 OPACUS_SIGMA, OPACUS_Q = 1.5, 0.04

@@ -1,0 +1,132 @@
+"""Noise calibration for a target epsilon and the step budget of an epsilon budget (DP-SGD planning).
+
+Both search over the accountants of :mod:`lightning_dprobust.core.accounting`, using that epsilon is decreasing in the
+noise multiplier and non-decreasing in the number of steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lightning_dprobust.core.accounting import (
+    DEFAULT_RDP_ORDERS,
+    PrivacyEvent,
+    PrivacyLedger,
+    _check_accountant,
+    _check_delta,
+    compute_rdp,
+    epsilon_for,
+    rdp_to_epsilon,
+)
+
+_MAX_NOISE_MULTIPLIER = 1e4
+_MIN_NOISE_MULTIPLIER = 1e-3
+_MAX_BUDGET_STEPS = 1 << 40
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    rel_tol: float = 0.005,
+) -> float:
+    """Noise multiplier whose ``steps`` steps at ``sample_rate`` spend at most ``target_epsilon`` at ``delta``.
+
+    Doubles ``sigma`` from 1 until the target is met, then bisects (epsilon decreases in ``sigma``), like Opacus'
+    ``get_noise_multiplier``. The result satisfies ``target_epsilon * (1 - rel_tol) <= epsilon(sigma) <=
+    target_epsilon`` under ``accountant`` (only the upper bound if epsilon jumps, as PRV's numerics may); report
+    epsilon with the same accountant.
+
+    Raises:
+        ValueError: when ``steps == 0`` or the target needs ``sigma > 1e4`` (or ``sigma < 1e-3``).
+    """
+    _check_accountant(accountant)
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon={target_epsilon!r} must be a finite number > 0")
+    if not 0 < rel_tol < 1:
+        raise ValueError(f"rel_tol={rel_tol!r} must lie in (0, 1)")
+    PrivacyEvent(1.0, sample_rate, steps)  # validates sample_rate and steps
+    if steps == 0:
+        raise ValueError(
+            f"target_epsilon={target_epsilon} cannot calibrate a noise multiplier for steps=0: "
+            "any noise spends epsilon 0; pass the number of planned steps"
+        )
+
+    def epsilon_of(sigma: float) -> float:
+        return epsilon_for([(sigma, sample_rate, steps)], delta, accountant)
+
+    lo, hi, eps_hi = 0.0, 1.0, epsilon_of(1.0)
+    while eps_hi > target_epsilon:
+        if hi >= _MAX_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"target_epsilon={target_epsilon} is unreachable: even noise_multiplier={hi:g} spends "
+                f"epsilon={eps_hi:.4g}; raise target_epsilon or delta, or lower sample_rate or steps"
+            )
+        lo, hi, eps_hi = hi, 2 * hi, epsilon_of(2 * hi)
+    while eps_hi < target_epsilon * (1 - rel_tol) and hi - lo > 1e-12 * hi:
+        if hi < _MIN_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"target_epsilon={target_epsilon} is so large that noise_multiplier={hi:g} stays within it; "
+                "lower target_epsilon or set noise_multiplier directly"
+            )
+        mid = 0.5 * (lo + hi)
+        eps_mid = epsilon_of(mid)
+        if eps_mid <= target_epsilon:
+            hi, eps_hi = mid, eps_mid
+        else:
+            lo = mid
+    return hi
+
+
+def _epsilon_after(
+    past: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, delta: float, accountant: str
+) -> Callable[[int], float]:
+    """``n -> epsilon`` of ``past`` followed by ``n`` steps; for RDP the per-step vector is computed once."""
+    step = PrivacyEvent(noise_multiplier, sample_rate, 1)
+    if accountant != "rdp":
+        return lambda n: epsilon_for([*past, (noise_multiplier, sample_rate, n)], delta, accountant)
+    delta = _check_delta(delta)
+    rdp_past = sum((compute_rdp(e.sample_rate, e.noise_multiplier, e.steps) for e in past), np.zeros(1))
+    rdp_step = compute_rdp(step.sample_rate, step.noise_multiplier, 1)
+    return lambda n: rdp_to_epsilon(DEFAULT_RDP_ORDERS, rdp_past + n * rdp_step, delta)[0]
+
+
+def max_steps_within_budget(
+    epsilon_budget: float,
+    delta: float,
+    noise_multiplier: float,
+    sample_rate: float,
+    accountant: str = "rdp",
+    history: Iterable[PrivacyEvent | Sequence[Any]] = (),
+) -> int:
+    """Largest ``n`` such that ``history`` followed by ``n`` steps of ``(noise_multiplier, sample_rate)`` spends
+    at most ``epsilon_budget`` at ``delta``; 0 if even one more step exceeds it.
+
+    Exponential then binary search, assuming epsilon is non-decreasing in the number of steps (true for every
+    accountant here). Costs ``O(log n)`` epsilon evaluations: seconds each with ``accountant="prv"``.
+    """
+    _check_accountant(accountant)
+    if not (epsilon_budget >= 0 and math.isfinite(epsilon_budget)):
+        raise ValueError(f"epsilon_budget={epsilon_budget!r} must be a finite number >= 0")
+    epsilon_after = _epsilon_after(PrivacyLedger(history).history, noise_multiplier, sample_rate, delta, accountant)
+
+    def within(extra: int) -> bool:
+        return epsilon_after(extra) <= epsilon_budget
+
+    if not within(1):
+        return 0
+    good, bad = 1, 2
+    while within(bad):
+        if bad >= _MAX_BUDGET_STEPS:
+            raise ValueError(f"epsilon_budget={epsilon_budget} allows more than {bad} steps; it is no real limit")
+        good, bad = bad, 2 * bad
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if within(mid) else (good, mid)
+    return good

@@ -7,9 +7,15 @@ so a crash during the copy leaves neither the old nor the new file; and nothing 
 soon after a save can leave an empty file. :class:`AtomicCheckpointIO` writes next to the target, ``fsync``-s, then
 renames (POSIX ``rename``, ``os.replace`` in Python, is atomic within one filesystem).
 
+Use it as ``Trainer(plugins=[AtomicCheckpointIO()])`` or, in a config, ``trainer.plugins: [{class_path:
+lightning_dprobust.checkpoint_io.AtomicCheckpointIO}]``.
+
 Example:
-    >>> from lightning_dprobust.checkpoint_io import AtomicCheckpointIO
-    >>> # Trainer(plugins=[AtomicCheckpointIO()]), or in a config: trainer.plugins: [{class_path: ...}]
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "last.ckpt"
+    >>> atomic_save({"step": torch.tensor(3)}, path)
+    >>> read_checkpoint(path)["step"].item()
+    3
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 from typing_extensions import override
 
-_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: (?:GLOBAL )?(\S+)")
+_UNSUPPORTED_GLOBAL = re.compile(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)")
 
 
 class CheckpointError(ValueError):
@@ -114,6 +120,8 @@ def read_checkpoint(
         raise FileNotFoundError(f"checkpoint {path} does not exist: pass the path of an existing .ckpt file")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except PermissionError:
+        raise
     except pickle.UnpicklingError as error:
         if not zipfile.is_zipfile(path):
             raise _unreadable(path, error) from error

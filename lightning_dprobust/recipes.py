@@ -41,16 +41,7 @@ def build_recipe(config: str | Path | dict[str, Any], overrides: Sequence[str] =
             config = path
         with warnings.catch_warnings():  # LightningCLI warns whenever args= is given while sys.argv has arguments
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            return DProbustCLI(
-                ClassifierModule,
-                ImageDataModule,
-                subclass_mode_model=True,
-                subclass_mode_data=True,
-                args=["--config", str(config), *overrides],
-                run=False,
-                auto_configure_optimizers=False,
-                save_config_kwargs={"overwrite": True},
-            )
+            return DProbustCLI(args=["--config", str(config), *overrides], run=False)
 
 
 def fit_recipe(config: str | Path | dict[str, Any], overrides: Sequence[str] = (), test: bool = True) -> FittedRecipe:

@@ -20,6 +20,7 @@ DPSGD_DIGITS = ROOT / "configs" / "dpsgd" / "digits.yaml"
 def dprobust(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     script = Path(sys.executable).with_name("dprobust")
     env = os.environ | {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_SERVICE", None)  # an in-process wandb.init of an earlier test must not leak into the child
     return subprocess.run([str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 

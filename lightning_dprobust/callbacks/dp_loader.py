@@ -41,6 +41,7 @@ class PoissonLoaderFactory:
 
         def train_dataloader() -> DataLoader:
             self._built = self._build(original(), rank, world_size)
+            self._built.batch_sampler.resume_at(*_trained_position(trainer))
             return self._built
 
         source.train_dataloader = train_dataloader
@@ -120,3 +121,10 @@ class PoissonLoaderFactory:
                 f"{type(loader.batch_sampler).__name__}, which Poisson sampling would silently replace (a weighted "
                 "sampler changes the sample rate the accountant assumes); use a plain shuffled loader"
             )
+
+
+def _trained_position(trainer: L.Trainer) -> tuple[int, int]:
+    """The epoch being trained and how many of its batches a restored checkpoint already trained (0 when fresh)."""
+    loop = trainer.fit_loop
+    trained = loop.epoch_loop.batch_progress.current.processed if loop.restarting else 0
+    return loop.epoch_progress.current.processed, trained

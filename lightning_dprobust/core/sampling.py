@@ -29,7 +29,10 @@ class PoissonBatchSampler(Sampler[list[int]]):
         world_size: number of data-parallel processes.
 
     Guarantees:
-        Over all ranks, each step's batch contains every example independently with probability ``sample_rate``.
+        Over all ranks, each step's batch contains every example independently with probability ``sample_rate``,
+        and no mask is drawn twice: Lightning reaches :meth:`set_epoch` through the :attr:`sampler` alias (it calls
+        ``loader.batch_sampler.sampler.set_epoch``), and after a mid-epoch resume :meth:`resume_at` skips the masks
+        the checkpoint already trained, so a resumed run draws exactly the masks of an unbroken one.
     """
 
     def __init__(
@@ -54,6 +57,16 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
+        self._resume: tuple[int, int] = (0, 0)
+
+    @property
+    def sampler(self) -> PoissonBatchSampler:
+        """This sampler itself: Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler`` at each epoch."""
+        return self
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        """Skip the first ``batches`` masks of ``epoch`` (already trained before a checkpoint) when it is iterated."""
+        self._resume = (epoch, batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning at each epoch start so that every epoch draws fresh masks."""
@@ -64,8 +77,12 @@ class PoissonBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         generator = torch.Generator().manual_seed(_mix(self.seed, self.epoch))
-        for _ in range(self.steps_per_epoch):
+        skip = self._resume[1] if self._resume[0] == self.epoch else 0
+        self._resume = (0, 0)
+        for step in range(self.steps_per_epoch):
             mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate
+            if step < skip:
+                continue
             selected = mask.nonzero().flatten()
             yield selected[self.rank :: self.world_size].tolist()
 

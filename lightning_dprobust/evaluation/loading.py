@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lightning_dprobust.checkpoint_io import check_state_dict_fits, read_checkpoint
 from lightning_dprobust.methods.base import CLASS_KEY, ClassifierModule
 
 
@@ -19,6 +20,7 @@ def load_classifier(source: str, map_location: str | torch.device = "cpu") -> nn
     Raises:
         FileNotFoundError: ``source`` is neither an existing file nor a zoo entry.
         ValueError: the checkpoint was not written by a lightning-dprobust module.
+        CheckpointError: (a ``ValueError``) the file is truncated, holds pickled code, or does not fit its model.
     """
     path = Path(source)
     if path.suffix == ".ckpt" or path.exists():
@@ -31,7 +33,7 @@ def load_classifier(source: str, map_location: str | torch.device = "cpu") -> nn
 
 
 def _from_checkpoint(path: Path, map_location) -> nn.Module:
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    checkpoint = read_checkpoint(path, map_location)
     qualified = checkpoint.get(CLASS_KEY)
     if qualified is None:
         raise ValueError(
@@ -42,6 +44,8 @@ def _from_checkpoint(path: Path, map_location) -> nn.Module:
     cls = getattr(importlib.import_module(module_name), class_name)
     if not (isinstance(cls, type) and issubclass(cls, ClassifierModule)):
         raise ValueError(f"{path} names {qualified}, which is not a lightning_dprobust ClassifierModule")
-    module = cls(**checkpoint["hyper_parameters"])
+    hyper_parameters = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
+    module = cls(**hyper_parameters)  # LightningCLI adds "_class_path" and "_instantiator" to the hyper-parameters
+    check_state_dict_fits(module, checkpoint["state_dict"], str(path))
     module.load_state_dict(checkpoint["state_dict"])
     return module

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_dprobust.checkpoint_io import check_state_dict_fits
+from lightning_dprobust.data.validation import check_batch
 from lightning_dprobust.models import create_model
 
 TrainInputs = tuple[Tensor, ...]
@@ -116,6 +118,7 @@ class ClassifierModule(L.LightningModule):
         return losses.view(batch, views).mean(dim=1)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        check_batch(*batch, self.num_classes, self.input_shape)
         inputs = self.training_inputs(batch)
         for transform in self.train_input_transforms:
             inputs = transform(self, inputs)
@@ -127,6 +130,7 @@ class ClassifierModule(L.LightningModule):
 
     def _evaluate(self, batch: Any, stage: str, accuracy: MulticlassAccuracy) -> None:
         x, y = batch
+        check_batch(x, y, self.num_classes, self.input_shape)
         logits = self(x)
         self.log(f"{stage}/loss", F.cross_entropy(logits, y), sync_dist=True)
         accuracy.update(logits, y)
@@ -137,6 +141,11 @@ class ClassifierModule(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "test", self.test_acc)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """When a trainer resumes, refuse weights of another architecture with one clear error before loading them."""
+        if self._trainer is not None:
+            check_state_dict_fits(self, checkpoint["state_dict"], "--ckpt_path")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the module's class so :func:`lightning_dprobust.evaluation.loading.load_classifier` can rebuild it."""

@@ -1,0 +1,375 @@
+"""The bad-input catalogue of ``docs/bad_inputs.md``: every bad config value, data file, checkpoint and flag makes
+``dprobust`` exit with status 2 and one clear message, without a traceback, and without touching a run's folder."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch.utils.data import TensorDataset
+
+from lightning_dprobust import zoo
+from lightning_dprobust.cli import main
+from lightning_dprobust.data import DigitsDataModule
+from tests.data.fake_data import truncate, write_cifar, write_idx, write_mnist
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = yaml.safe_load((ROOT / "configs" / "dpsgd" / "digits.yaml").read_text())
+LAST = Path("runs") / "dpsgd-digits" / "checkpoints" / "last.ckpt"
+
+Edit = Callable[[dict, Path], None]
+Build = Callable[[Path, Path], list[str]]  # (fresh folder, folder of a finished run) -> dprobust arguments
+
+
+# ---------------------------------------------------------------------------------------- bad data modules
+class CorruptedDigits(DigitsDataModule):
+    """Digits whose training tensors pass through ``corrupt`` (a bug in a user's dataset or transform)."""
+
+    @staticmethod
+    def corrupt(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, y
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        self.train_set = TensorDataset(*self.corrupt(*(t.clone() for t in self.train_set.tensors)))
+
+
+class NaNPixelDigits(CorruptedDigits):
+    @staticmethod
+    def corrupt(x, y):
+        x[::10, 0, 3, 3] = float("nan")
+        return x, y
+
+
+class OneBasedLabelDigits(CorruptedDigits):
+    @staticmethod
+    def corrupt(x, y):
+        return x, y + 1
+
+
+class PaddedDigits(CorruptedDigits):
+    @staticmethod
+    def corrupt(x, y):
+        return F.pad(x, (1, 1, 1, 1)), y
+
+
+class NormalizedDigits(CorruptedDigits):
+    @staticmethod
+    def corrupt(x, y):
+        return (x - 0.3063) / 0.3794, y
+
+
+# ---------------------------------------------------------------------------------------- argument builders
+def shortened(edit: Edit | None, folder: Path) -> Path:
+    """The shipped DP-SGD digits config, two steps, no logger; ``edit`` applied; written into ``folder``."""
+    config = copy.deepcopy(SHIPPED)
+    config["trainer"].update(
+        logger=False,
+        max_steps=2,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
+    if edit is not None:
+        edit(config, folder)
+    path = folder / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def fit(edit: Edit | None = None, *extra: str, resume: Callable[[Path, Path], Path] | None = None) -> Build:
+    def build(folder: Path, finished: Path) -> list[str]:
+        args = ["fit", "--config", str(shortened(edit, folder)), *extra]
+        return args + (["--ckpt_path", str(resume(folder, finished))] if resume else [])
+
+    return build
+
+
+def dp(**values) -> Edit:
+    return lambda config, folder: config["trainer"]["callbacks"][0]["init_args"].update(values)
+
+
+def section(name: str, **values) -> Edit:
+    return lambda config, folder: config[name]["init_args"].update(values)
+
+
+def data(class_path: str, prepare: Callable[[Path], object] | None = None, **init_args) -> Edit:
+    def edit(config: dict, folder: Path) -> None:
+        if prepare is not None:
+            prepare(folder / "data")
+        config["data"] = {
+            "class_path": class_path,
+            "init_args": {"batch_size": 8, "data_dir": str(folder / "data"), **init_args},
+        }
+
+    return edit
+
+
+def evaluate(command: str, checkpoint: Callable[[Path, Path], Path | str], *extra: str) -> Build:
+    return lambda folder, finished: [command, "--ckpt", str(checkpoint(folder, finished)), *extra]
+
+
+# ---------------------------------------------------------------------------------------- bad files
+def mnist_with(damage: Callable[[Path], object]) -> Callable[[Path], None]:
+    def prepare(root: Path) -> None:
+        write_mnist(root)
+        damage(root / "MNIST" / "raw")
+
+    return prepare
+
+
+def good(folder: Path, finished: Path) -> Path:
+    return finished / LAST
+
+
+def foreign(folder: Path, finished: Path) -> Path:
+    """A checkpoint that was not written by a lightning-dprobust method."""
+    torch.save({"state_dict": {}}, folder / "foreign.ckpt")
+    return folder / "foreign.ckpt"
+
+
+def damaged(damage: Callable[[Path], object]) -> Callable[[Path, Path], Path]:
+    def make(folder: Path, finished: Path) -> Path:
+        path = folder / "damaged.ckpt"
+        shutil.copy(finished / LAST, path)
+        damage(path)
+        return path
+
+    return make
+
+
+class Payload:
+    """An object whose unpickling would create a file: proof that a refused checkpoint ran nothing."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def with_code(path: Path) -> None:
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"]["model_kwargs"] = Payload(path.with_name("pwned"))
+    torch.save(checkpoint, path)
+
+
+def resized(path: Path) -> None:
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"]["model_kwargs"] = {"hidden": 32}
+    torch.save(checkpoint, path)
+
+
+def tampered_zoo_cache(folder: Path, finished: Path) -> str:
+    name = "mlp_tanh.dpsgd_digits_eps3"
+    cached = folder / "home" / "zoo" / zoo.info(name).file
+    cached.parent.mkdir(parents=True)
+    weights = bytearray((zoo.ZOO_DIR / zoo.info(name).url).read_bytes())
+    weights[-1] ^= 0xFF
+    cached.write_bytes(weights)
+    return name
+
+
+# ---------------------------------------------------------------------------------------- the catalogue
+@dataclass(frozen=True)
+class Bad:
+    """One catalogue entry: ``phrase`` (a regex) must appear in the one ``dprobust: error:`` line, or, for
+    ``usage=True`` (argument-parser errors, printed after the usage text), anywhere in stderr."""
+
+    id: str
+    build: Build
+    phrase: str
+    usage: bool = False
+
+
+MNIST, HERE = "lightning_dprobust.data.MNISTDataModule", "tests.test_bad_inputs"
+NO_NOISE = {"target_epsilon": None}
+
+
+def digits_via(name: str) -> Edit:
+    return data(f"{HERE}.{name}", data_dir=None, batch_size=128)
+
+
+def cut_train_images(raw: Path) -> None:
+    truncate(raw / "train-images-idx3-ubyte")
+
+
+def small_test_images(raw: Path) -> None:
+    write_idx(raw / "t10k-images-idx3-ubyte", np.zeros((10, 27, 27), np.uint8))
+
+
+def bad_test_labels(raw: Path) -> None:
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.full(10, 12, np.uint8))
+
+
+def unknown_method(config: dict, folder: Path) -> None:
+    config["model"]["class_path"] = "lightning_dprobust.methods.NoSuchMethod"
+
+
+CATALOGUE = [
+    # privacy settings
+    Bad("noise-negative", fit(dp(**NO_NOISE, noise_multiplier=-1.0)), r"noise_multiplier=-1.0\) must be a finite"),
+    Bad("noise-nan", fit(dp(**NO_NOISE, noise_multiplier=float("nan"))), r"noise_multiplier=nan\) must be a finite"),
+    Bad("noise-infinite", fit(dp(**NO_NOISE, noise_multiplier=float("inf"))), r"noise_multiplier=inf\) must be a"),
+    Bad("clip-zero", fit(dp(max_grad_norm=0.0)), r"max_grad_norm=0.0\) must be a finite number > 0"),
+    Bad("clip-negative", fit(dp(max_grad_norm=-1.0)), r"max_grad_norm=-1.0\) must be a finite number > 0"),
+    Bad("clip-nan", fit(dp(max_grad_norm=float("nan"))), r"max_grad_norm=nan\) must be a finite number > 0"),
+    Bad("delta-at-least-1-over-n", fit(dp(delta=0.01)), r"delta=0.01\) is >= 1/n = 0.000773.*well below 1/n"),
+    Bad("delta-one", fit(dp(delta=1.0)), r"delta=1.0\) must be < 1"),
+    Bad("sample-rate-above-1", fit(dp(sample_rate=1.5)), r"sample_rate=1.5\) must be <= 1"),
+    Bad("batch-above-dataset", fit(section("data", batch_size=5000)), r"exceeds the 1293 training.*--data.batch_size"),
+    Bad("target-epsilon-unreachable", fit(dp(target_epsilon=1e-6)), r"target_epsilon=1e-06\) cannot be reached"),
+    Bad("target-epsilon-negative", fit(dp(target_epsilon=-3.0)), r"target_epsilon=-3.0\) must be a finite number"),
+    Bad("noise-and-target", fit(dp(noise_multiplier=1.0)), r"needs exactly one of noise_multiplier or target_eps"),
+    Bad("neither-noise-nor-target", fit(dp(**NO_NOISE)), r"needs exactly one of noise_multiplier or target_epsilon"),
+    Bad("unknown-accountant", fit(dp(accountant="moments")), r"accountant='moments'\) must be one of \('rdp', 'prv'"),
+    Bad("unknown-clipping", fit(dp(clipping="nope")), r"clipping='nope'\) must be one of"),
+    Bad("budget-below-one-step", fit(dp(**NO_NOISE, noise_multiplier=1.0, epsilon_budget=1e-4)),
+        r"epsilon_budget=0.0001\) is smaller than the epsilon of a single step"),
+    Bad("gradient-accumulation", fit(None, "--trainer.accumulate_grad_batches", "2"),
+        r"accumulate_grad_batches=2\).*set accumulate_grad_batches=1"),
+    Bad("lightning-gradient-clipping", fit(None, "--trainer.gradient_clip_val", "1.0"), r"gradient_clip_val=1.0\)"),
+    # model and method
+    Bad("unknown-architecture", fit(section("model", model="no_such_net")), r"unknown model 'no_such_net'.*list_mod"),
+    Bad("non-positive-lr", fit(section("model", lr=0.0)), r"lr must be positive, got 0.0: set --model.lr"),
+    Bad("zero-batch-size", fit(section("data", batch_size=0)), r"batch_size and eval_batch_size must be >= 1"),
+    Bad("unknown-method", fit(unknown_method), r"has no attribute 'NoSuchMethod'", usage=True),
+    Bad("unknown-optimizer", fit(section("model", optimizer="rmsprop")), r"Got value: rmsprop", usage=True),
+    # command line and config syntax
+    Bad("unknown-config-key", fit(section("model", learning_rate=0.1)), r"learning_rate", usage=True),
+    Bad("config-value-of-wrong-type", fit(section("model", lr="fast")), r"float'>. Got value: fast", usage=True),
+    Bad("unknown-flag", fit(None, "--trainer.max_epochz", "3"), r"unrecognized arguments: --trainer.max", usage=True),
+    Bad("flag-of-wrong-type", fit(None, "--trainer.max_epochs", "three"), r"max_epochs", usage=True),
+    Bad("missing-config-file", lambda f, r: ["fit", "--config", "nothing.yaml"], r"nothing.yaml", usage=True),
+    Bad("unknown-subcommand", lambda f, r: ["frobnicate"], r"invalid choice: 'frobnicate'", usage=True),
+    Bad("certify-flag-of-wrong-type", evaluate("certify", good, "--n", "abc"), r"--n: invalid int value: 'abc'"),
+    Bad("certify-negative-sigma", evaluate("certify", good, "--sigma", "-1"), r"--sigma must be a finite number > 0"),
+    Bad("attack-unknown-name", evaluate("attack", good, "--attack", "NOPE"), r"--attack 'NOPE' is unknown: choose"),
+    # data files
+    Bad("mnist-missing", fit(data(MNIST)), r"MNIST not found in data_dir .*missing MNIST/raw/train-images.*data_dir"),
+    Bad("mnist-truncated", fit(data(MNIST, mnist_with(cut_train_images))), r"train-images-idx3-ubyte .*truncated"),
+    Bad("mnist-wrong-image-size", fit(data(MNIST, mnist_with(small_test_images))), r"shape \[27, 27\], expected 28x28"),
+    Bad("mnist-labels-out-of-range", fit(data(MNIST, mnist_with(bad_test_labels))), r"class indices in \[0, 10\)"),
+    Bad("cifar10-checksum-mismatch", fit(data("lightning_dprobust.data.CIFAR10DataModule", write_cifar)),
+        r"data_batch_1 .*corrupt or incomplete: its MD5 sum differs"),
+    Bad("nan-pixels", fit(digits_via("NaNPixelDigits")), r"NaN or infinite pixel values .*Fix the dataset or"),
+    Bad("labels-out-of-range", fit(digits_via("OneBasedLabelDigits")), r"labels span \[1, 10\] but the model has 10"),
+    Bad("wrong-image-size", fit(digits_via("PaddedDigits")), r"images of shape \(1, 10, 10\) .*built for \(1, 8, 8\)"),
+    Bad("normalized-pixels", fit(digits_via("NormalizedDigits")), r"outside \[0, 1\].*remove Normalize"),
+    # checkpoints
+    Bad("resume-missing-checkpoint", fit(resume=lambda f, r: f / "nope.ckpt"), r"nope.ckpt (does not exist|not found)"),
+    Bad("resume-truncated-checkpoint", fit(resume=damaged(truncate)), r"damaged.ckpt .*is truncated, damaged or not"),
+    Bad("resume-pickled-code", fit(resume=damaged(with_code)), r"refusing to load checkpoint .*damaged.ckpt.*code"),
+    Bad("resume-other-clip", fit(dp(max_grad_norm=2.0), resume=good), r"max_grad_norm=1.0 but this run has max_grad"),
+    Bad("resume-other-accountant", fit(dp(accountant="prv"), resume=good), r"accountant='rdp' but this run has accou"),
+    Bad("resume-on-other-dataset", fit(data(MNIST, write_mnist), resume=good), r"written for another architecture"),
+    Bad("certify-truncated-checkpoint", evaluate("certify", damaged(truncate)), r"is truncated, damaged or not a PyT"),
+    Bad("certify-pickled-code", evaluate("certify", damaged(with_code)), r"refusing to load checkpoint"),
+    Bad("certify-wrong-architecture", evaluate("certify", damaged(resized)), r"written for another architecture .*sha"),
+    Bad("certify-foreign-checkpoint", evaluate("certify", foreign), r"has no 'dprobust_class' entry"),
+    Bad("certify-zoo-wrong-hash", evaluate("certify", tampered_zoo_cache), r"do not match the catalog's sha256"),
+    Bad("certify-unknown-zoo-name", evaluate("certify", lambda f, r: "mlp_tanh.dpsgd_digits_eps4"), r"unknown zoo"),
+]  # fmt: skip
+
+
+def run_dprobust(args: list[str], folder: Path, monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("DPROBUST_HOME", str(folder / "home"))
+    monkeypatch.setenv("DPROBUST_DATA", str(folder / "data"))
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argument-parser errors
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A folder where ``dprobust fit`` of the shipped config (one epoch) has written its checkpoints."""
+    folder = tmp_path_factory.mktemp("finished")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        config = shortened(lambda c, f: c["trainer"].update(max_steps=-1, max_epochs=1), folder)
+        assert main(["fit", "--config", str(config)]) == 0
+    assert (folder / LAST).is_file()
+    return folder
+
+
+@pytest.mark.parametrize("bad", CATALOGUE, ids=[bad.id for bad in CATALOGUE])
+def test_a_bad_input_exits_2_with_one_clear_message(bad, finished, tmp_path, monkeypatch, capsys):
+    code, err = run_dprobust(bad.build(tmp_path, finished), tmp_path, monkeypatch, capsys)
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err
+    assert not (tmp_path / "pwned").exists()
+    if bad.usage:
+        assert re.search(bad.phrase, err), err[-2000:]
+        return
+    lines = [line for line in err.splitlines() if line.startswith("dprobust: error:")]
+    assert len(lines) == 1 and re.search(bad.phrase, lines[0]), err[-2000:]
+    assert "Does not validate against any of the Union subtypes" not in err
+
+
+def test_the_catalogue_documents_every_tested_input():
+    documented = (ROOT / "docs" / "bad_inputs.md").read_text()
+    assert len(CATALOGUE) >= 25
+    assert [bad.id for bad in CATALOGUE if f"`{bad.id}`" not in documented] == []
+
+
+# ------------------------------------------------------------------------------ nothing written is lost
+REFUSED_IN_A_RUN_FOLDER = [
+    "delta-at-least-1-over-n",
+    "nan-pixels",
+    "resume-other-clip",
+    "resume-truncated-checkpoint",
+    "resume-missing-checkpoint",
+    "resume-pickled-code",
+]
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
+    return {
+        str(path.relative_to(folder)): (path.stat().st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest())
+        for path in sorted((folder / "runs").rglob("*"))
+        if path.is_file()
+    }
+
+
+def refuse_in_copy(case_id: str, finished: Path, tmp_path: Path, monkeypatch, capsys) -> tuple[dict, dict]:
+    """Run the refused case in a copy of a finished run's folder; the folder's files before and after."""
+    folder = tmp_path / "run"
+    shutil.copytree(finished, folder, copy_function=shutil.copy2)
+    before = snapshot(folder)
+    bad = next(bad for bad in CATALOGUE if bad.id == case_id)
+    code, err = run_dprobust(bad.build(folder, folder), folder, monkeypatch, capsys)
+    assert code == 2, err[-2000:]
+    return before, snapshot(folder)
+
+
+@pytest.mark.parametrize("case_id", REFUSED_IN_A_RUN_FOLDER)
+def test_a_refused_run_leaves_the_checkpoints_of_its_folder_untouched(case_id, finished, tmp_path, monkeypatch, capsys):
+    before, after = refuse_in_copy(case_id, finished, tmp_path, monkeypatch, capsys)
+    checkpoints = {name: state for name, state in before.items() if name.endswith(".ckpt")}
+    assert len(checkpoints) == 2
+    assert {name: state for name, state in after.items() if name.endswith(".ckpt")} == checkpoints
+
+
+@pytest.mark.parametrize("case_id", ["delta-at-least-1-over-n", "resume-other-clip"])
+def test_a_refused_run_keeps_the_config_of_the_run_that_wrote_the_folder(
+    case_id, finished, tmp_path, monkeypatch, capsys
+):
+    before, after = refuse_in_copy(case_id, finished, tmp_path, monkeypatch, capsys)
+    config = os.path.join("runs", "dpsgd-digits", "config.yaml")
+    assert config in before and after[config] == before[config]

@@ -71,7 +71,8 @@ class DPCallback(Callback):
         epsilon_budget: stop training before a step would spend more than this epsilon.
         sample_rate: Poisson inclusion probability; default ``batch_size * world_size / n``.
         poisson_sampling: ``False`` keeps the data module's loader (approximate accounting; logged loudly).
-        max_physical_batch_size: bound on examples per vectorized per-example-gradient chunk (memory).
+        max_physical_batch_size: examples per vectorized per-example-gradient chunk; default: as many as fit in
+            256 MB of per-example gradients (see :class:`~lightning_dprobust.core.per_sample.PerExampleClipper`).
         clipping: ``"flat"`` (``min(1, C/||g||)``), ``"psac"`` or ``"automatic"``; each bounds every example's
             contribution by ``C`` (see :func:`lightning_dprobust.core.per_sample.clip_factors`).
         seed: seed of the Poisson sampler.

@@ -29,6 +29,8 @@ ExampleLoss = Callable[..., Tensor]
 """``loss(*batch) -> Tensor[B]``: per-example losses of a batch; called here on batches of one example."""
 
 _NORM_EPS = 1e-6
+AUTO_CHUNK_FLOATS = 1 << 26
+"""Per-example-gradient floats per chunk when ``max_physical_batch_size`` is not set."""
 CLIPPING_RULES = ("flat", "psac", "automatic")
 
 
@@ -86,8 +88,10 @@ class PerExampleClipper:
         module: the module that owns the parameters and the loss method.
         loss_method: name of ``module``'s method ``loss(*batch) -> Tensor[B]`` of per-example losses.
         max_grad_norm: the clipping bound ``C`` on the flat L2 norm over all trainable parameters.
-        max_physical_batch_size: split a batch into chunks of at most this many examples to bound memory
-            (per-example gradients of a chunk take ``chunk * num_params`` floats). ``None``: one chunk.
+        max_physical_batch_size: split a batch into chunks of at most this many examples (per-example gradients
+            of a chunk take ``chunk * num_params`` floats). ``None``: as many examples as fit in
+            ``AUTO_CHUNK_FLOATS`` per-example-gradient floats (256 MB in fp32), which bounds memory and is also
+            faster: on a 2-core CPU, timm ``resnet18`` at batch 64 took 23 s unchunked and 3.6 s in chunks of 16.
         clipping: ``"flat"`` (default), ``"psac"`` or ``"automatic"``; see :func:`clip_factors`.
 
     Guarantees:
@@ -139,7 +143,8 @@ class PerExampleClipper:
         if size == 0:
             empty = batch[0].new_zeros(0)
             return ClippedSum(sums, empty, empty)
-        chunk = self.max_physical_batch_size or size
+        num_params = sum(p.numel() for p in params.values())
+        chunk = self.max_physical_batch_size or max(1, AUTO_CHUNK_FLOATS // max(1, num_params))
         norms, losses = [], []
         for start in range(0, size, chunk):
             part = tuple(t[start : start + chunk] for t in batch)
@@ -155,8 +160,8 @@ class PerExampleClipper:
 
 def per_example_norms(grads: Mapping[str, Tensor]) -> Tensor:
     """Flat L2 norm over all parameters of each example's gradient: ``[B]`` from ``name -> [B, *shape]``."""
-    squares = [g.flatten(start_dim=1).pow(2).sum(dim=1) for g in grads.values()]
-    return torch.stack(squares, dim=0).sum(dim=0).sqrt()
+    norms = [torch.linalg.vector_norm(g.flatten(start_dim=1), dim=1) for g in grads.values()]
+    return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)
 
 
 def gaussian_noise_like(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -132,14 +133,16 @@ def evil_payload(marker: Path) -> object:
     [
         (lambda p: p.write_bytes(b""), "truncated, damaged or not a PyTorch checkpoint"),
         (lambda p: p.write_text("hello\n"), "not a PyTorch checkpoint"),
-        (lambda p: p.write_bytes(os.urandom(4096)), "not a PyTorch checkpoint"),
+        (lambda p: p.write_bytes(random.randbytes(4096)), "not a PyTorch checkpoint"),
         (lambda p: (torch.save(NEW, p), p.write_bytes(p.read_bytes()[:3000])), "truncated"),
         (lambda p: torch.save([1, 2], p), "holds a list, not a checkpoint dictionary"),
         (lambda p: torch.save(evil_payload(p.with_name("pwned")), p), r"refusing to load .*\((builtins|io)\.open\)"),
     ],
     ids=["empty", "text", "random-bytes", "truncated", "not-a-dict", "pickled-code"],
 )
-def test_bad_files_raise_one_checkpoint_error_naming_the_file(tmp_path, write, message):
+@pytest.mark.parametrize("seed", range(20))  # random bytes break the unpickler in many ways; each is one error
+def test_bad_files_raise_one_checkpoint_error_naming_the_file(tmp_path, write, message, seed):
+    random.seed(seed)
     path = tmp_path / "bad.ckpt"
     write(path)
     with pytest.raises(CheckpointError, match=message) as caught:

@@ -1,0 +1,40 @@
+"""Every shipped config parses; configs whose dataset needs files fail with the data module's clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lightning_dprobust.cli import main
+from lightning_dprobust.recipes import CONFIG_DIR, build_recipe
+
+CONFIGS = sorted(CONFIG_DIR.glob("*/*.yaml"))
+EMBEDDED = [path for path in CONFIGS if path.stem == "digits"]
+NEEDS_FILES = [path for path in CONFIGS if path.stem != "digits"]
+
+
+def test_every_method_has_a_digits_config_and_the_paper_datasets():
+    names = {f"{path.parent.name}/{path.stem}" for path in CONFIGS}
+    assert {"dpsgd/digits", "erm/digits", "dpcert/digits", "dpadv/digits"} <= names
+    assert {"dpcert/mnist", "dpcert/fashion_mnist", "dpcert/cifar10"} <= names
+    assert {"dpadv/mnist", "dpadv/fashion_mnist", "dpadv/cifar10", "dpadv/celeba"} <= names
+
+
+@pytest.mark.parametrize("config", EMBEDDED, ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_embedded_data_configs_instantiate(config: Path):
+    cli = build_recipe(config, ["--trainer.logger=false"])
+    assert cli.model.num_classes == 10 and tuple(cli.model.input_shape) == (1, 8, 8)
+
+
+@pytest.mark.parametrize("config", NEEDS_FILES, ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_missing_dataset_files_exit_2_with_the_data_modules_message(config: Path, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # pretrained timm weights cannot be fetched here: fail at once
+    monkeypatch.chdir(tmp_path)
+    empty = tmp_path / "no_data"
+    empty.mkdir()
+    code = main(["fit", "--config", str(config), "--data.init_args.data_dir", str(empty), "--trainer.logger", "false"])
+    message = capsys.readouterr().err
+    assert code == 2, message[-2000:]
+    assert message.startswith("dprobust: error:") and "Traceback" not in message
+    assert str(empty) in message or "pretrained weights" in message

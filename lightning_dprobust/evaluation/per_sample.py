@@ -115,8 +115,8 @@ def local_lipschitz(
     ``x'`` is returned, a lower bound on the local Lipschitz constant.
 
     ``direction="ascent"`` (default) maximizes the ratio, as the definition requires. ``"descent"`` reproduces the
-    sign of Yang et al.'s and DP-CERT's code, which steps *down* the ratio (Wu et al. 2023's reference code); use it only to
-    compare with numbers produced by that code.
+    sign of Yang et al.'s and DP-CERT's reference code, which steps *down* the ratio; use it only to compare with
+    numbers produced by that code.
 
     Shape:
         x: ``[B, *S]`` in ``[0, 1]``. Returns ``[B]``.

@@ -52,8 +52,8 @@ def create_timm_model(
         The model, with no BatchNorm and no in-place module left.
 
     Raises:
-        PretrainedWeightsError: if ``pretrained=True`` and the weights could not be fetched or read; the message says how to
-            supply them, and the cause from timm is chained.
+        PretrainedWeightsError: if ``pretrained=True`` and the weights could not be fetched or read; the message
+            says how to supply them, and the cause from timm is chained.
     """
     try:
         model = timm.create_model(arch, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **kwargs)

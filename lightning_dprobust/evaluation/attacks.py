@@ -22,6 +22,7 @@ import torchattacks
 from torch import Tensor, nn
 from torchattacks.attack import Attack
 
+from lightning_dprobust.evaluation.reports import markdown_table
 from lightning_dprobust.metrics import RobustAccuracy
 
 AttackBuilder = Callable[..., Attack]
@@ -256,8 +257,7 @@ def _batches(
 
 def format_table(results: Mapping[str, float]) -> str:
     """A markdown table of ``{attack: accuracy}`` (accuracies in ``[0, 1]``, shown as percentages)."""
-    rows = [f"| {name} | {100 * value:.2f} |" for name, value in results.items()]
-    return "\n".join(["| attack | accuracy (%) |", "|:--|--:|", *rows])
+    return markdown_table(["attack", "accuracy (%)"], [[name, f"{100 * value:.2f}"] for name, value in results.items()])
 
 
 # ------------------------------------------------------------------------------------------------- SmoothAdv

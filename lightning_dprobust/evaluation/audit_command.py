@@ -17,7 +17,6 @@ import argparse
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from lightning_dprobust.data import DATAMODULES
 from lightning_dprobust.evaluation.audit import (
@@ -28,21 +27,15 @@ from lightning_dprobust.evaluation.audit import (
     load_recipe,
     zoo_recipe,
 )
+from lightning_dprobust.evaluation.command_line import CommandParser, add_output_flags, resolve_device
 from lightning_dprobust.evaluation.membership import ATTACKS, MembershipReport
 from lightning_dprobust.evaluation.reports import log_wandb, markdown_table, write_text
 from lightning_dprobust.evaluation.roc import LOW_FPRS, low_fpr_note, plot_roc
 from lightning_dprobust.zoo_catalog import ZooError
 
 
-class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose usage errors raise ``ValueError``, so ``dprobust`` reports them in one line."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ValueError(f"{self.prog}: {message} (see `{self.prog} --help`)")
-
-
-def _parser() -> _Parser:
-    parser = _Parser(prog="dprobust audit", description=__doc__.split("\n\n")[0])
+def _parser() -> CommandParser:
+    parser = CommandParser(prog="dprobust audit", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--ckpt", metavar="PATH_OR_ZOO_NAME", help="membership attacks on this .ckpt or zoo entry")
     add("--data", default="digits", choices=sorted(DATAMODULES), help="--ckpt mode: its data module (default: digits)")
@@ -59,9 +52,7 @@ def _parser() -> _Parser:
     add("--beta", type=float, default=0.05, help="--canaries mode: 1 - confidence of the bound (default: 0.05)")
     add("--delta", type=float, help="--canaries mode: delta of the tested hypothesis (default: the run's, else 1e-5)")
     add("--seed", type=int, help="seed of training (default: the config's) and of the audit's random choices (0)")
-    add("--device", default="auto", help="torch device; auto: cuda if available, else cpu")
-    add("--out", default="runs/audit", help="output folder (default: runs/audit)")
-    add("--wandb", action=argparse.BooleanOptionalAction, default=True, help="log to W&B, offline by default")
+    add_output_flags(parser, "audit")
     return parser
 
 
@@ -87,17 +78,6 @@ def _check(args: argparse.Namespace) -> None:
     for flag, value, ok, expected in checks:
         if not ok:
             raise ValueError(f"{flag} must be {expected}, got {value!r}")
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        return str(torch.device(name))
-    except RuntimeError as error:
-        raise ValueError(f"--device {name!r} is not a torch device: use cpu, cuda or cuda:N") from error
 
 
 def _adjust(recipe: Recipe, args: argparse.Namespace) -> Recipe:
@@ -230,7 +210,7 @@ def audit_command(argv: Sequence[str]) -> None:
     """``dprobust audit``: see the module docstring; writes ``<out>/audit.md`` (and ``roc.png``) and logs to W&B."""
     args = _parser().parse_args(argv)
     _check(args)
-    device = _device(args.device)
+    device = str(resolve_device(args.device))
     if args.canaries is not None:
         _canary_mode(args, device)
     else:

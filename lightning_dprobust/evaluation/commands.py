@@ -12,7 +12,7 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,6 +28,7 @@ from lightning_dprobust.evaluation.certify import (
     write_csv,
     write_markdown,
 )
+from lightning_dprobust.evaluation.command_line import CommandParser, add_output_flags, resolve_device
 from lightning_dprobust.evaluation.loading import load_classifier
 from lightning_dprobust.evaluation.reports import log_wandb, write_text
 from lightning_dprobust.zoo_cli import zoo_command
@@ -42,15 +43,8 @@ _ATTACK_OPTIONS = ("steps", "n_classes", "seed")
 """Command options passed to an attack builder when its signature names them."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose usage errors raise ``ValueError``, so ``dprobust`` reports them in one line."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ValueError(f"{self.prog}: {message} (see `{self.prog} --help`)")
-
-
-def _parser(command: str, description: str, batch_size: int) -> _Parser:
-    parser = _Parser(prog=f"dprobust {command}", description=description)
+def _parser(command: str, description: str, batch_size: int) -> CommandParser:
+    parser = CommandParser(prog=f"dprobust {command}", description=description)
     add = parser.add_argument
     add(
         "--ckpt",
@@ -65,14 +59,7 @@ def _parser(command: str, description: str, batch_size: int) -> _Parser:
     add("--max-examples", type=int, default=None, help="evaluate at most this many examples")
     add("--batch-size", type=int, default=batch_size, help=f"inputs per forward pass (default: {batch_size})")
     add("--seed", type=int, default=0, help="random seed (default: 0)")
-    add("--device", default="auto", help="torch device; auto: cuda if available, else cpu")
-    add("--out", default=f"runs/{command}", help=f"output folder (default: runs/{command})")
-    add(
-        "--wandb",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="log to W&B, offline unless WANDB_MODE says otherwise (default: on)",
-    )
+    add_output_flags(parser, command)
     return parser
 
 
@@ -84,15 +71,6 @@ def _require(ok: bool, flag: str, value: Any, expected: str) -> None:
 def _check_common(args: argparse.Namespace) -> None:
     _require(args.batch_size >= 1, "--batch-size", args.batch_size, "an integer >= 1")
     _require(args.max_examples is None or args.max_examples >= 1, "--max-examples", args.max_examples, ">= 1")
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError as error:
-        raise ValueError(f"--device {name!r} is not a torch device: use cpu, cuda or cuda:N") from error
 
 
 def _labels(sources: Sequence[str]) -> list[str]:
@@ -140,7 +118,7 @@ def _report(paths: Sequence[Path | None]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- certify
-def _certify_parser() -> _Parser:
+def _certify_parser() -> CommandParser:
     parser = _parser("certify", "Certify checkpoints with randomized smoothing (Cohen et al. 2019).", 1000)
     add = parser.add_argument
     add("--sigma", type=float, default=0.25, help="noise std in pixel units (default: 0.25)")
@@ -170,7 +148,7 @@ def certify_command(argv: Sequence[str]) -> None:
     """
     args = _certify_parser().parse_args(argv)
     _check_certify(args)
-    models = _load_models(args.ckpt, _device(args.device))
+    models = _load_models(args.ckpt, resolve_device(args.device))
     dataset, num_classes = _load_split(args)
     out, curves, summaries, written = Path(args.out), {}, {}, []
     options = {key: getattr(args, key) for key in ("sigma", "n0", "n", "alpha", "batch_size", "seed", "skip")}
@@ -197,7 +175,7 @@ def certify_command(argv: Sequence[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- attack
-def _attack_parser() -> _Parser:
+def _attack_parser() -> CommandParser:
     from lightning_dprobust.evaluation.attacks import ATTACKS
 
     parser = _parser("attack", "Clean and robust accuracy of checkpoints under the attack suite.", 256)
@@ -257,7 +235,7 @@ def attack_command(argv: Sequence[str]) -> None:
     _check_common(args)
     _require(math.isfinite(args.eps) and args.eps >= 0, "--eps", args.eps, "a finite number >= 0")
     _require(args.steps is None or args.steps >= 1, "--steps", args.steps, "an integer >= 1")
-    names, device = _attack_names(args.attack), _device(args.device)
+    names, device = _attack_names(args.attack), resolve_device(args.device)
     models = _load_models(args.ckpt, device)
     dataset, num_classes = _load_split(args)
     out, metrics, written = Path(args.out), {}, []

@@ -16,6 +16,7 @@ import torch
 from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import DPSGD
+from tests.helpers import quiet_trainer
 
 
 class ZeroGradient(DPSGD):
@@ -36,18 +37,12 @@ def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> N
     torch.set_num_threads(1)
     callback = DPCallback(max_grad_norm=1.0, noise_multiplier=1.2, delta=1e-5)
     recorder = GradientRecorder()
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
+        out_dir,
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=2,
         use_distributed_sampler=False,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
         callbacks=[callback, recorder],
         max_steps=3 if zero_gradient else -1,
     )

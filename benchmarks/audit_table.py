@@ -6,7 +6,7 @@ Rows: the non-private digits model, DP-SGD at epsilon 8, 3 and 1 (the recipes of
 epochs, delta 1e-5), and a non-private reference trained to overfit (300 members, 100 epochs, batch 64) that shows
 what the attacks find when there is leakage. For each row:
 
-* membership attacks (:mod:`lightning_dprobust.evaluation.membership`): AUC of the loss, shadow-model (Salem et al.
+* membership attacks (:mod:`lightning_dprobust.audit.membership`): AUC of the loss, shadow-model (Salem et al.
   2019) and offline LiRA (Carlini et al. 2022) attacks, and their TPR at 0.1% and 1% FPR. Targets are the shipped
   zoo entries ``mlp_tanh.erm_digits`` / ``mlp_tanh.dpsgd_digits_eps*`` when present (members: the digits train
   split of seed 0, as their recipe), else trained here with the same recipe; shadow models follow that recipe.
@@ -27,7 +27,9 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, Subset
 
-from lightning_dprobust.evaluation.audit import (
+from lightning_dprobust.audit.membership import MembershipReport, membership_audit
+from lightning_dprobust.audit.roc import LOW_FPRS, low_fpr_note
+from lightning_dprobust.audit.runner import (
     Recipe,
     RecipeTrainer,
     audit_splits,
@@ -35,9 +37,7 @@ from lightning_dprobust.evaluation.audit import (
     train_classifier,
     zoo_recipe,
 )
-from lightning_dprobust.evaluation.membership import MembershipReport, membership_audit
-from lightning_dprobust.evaluation.reports import markdown_table, write_text
-from lightning_dprobust.evaluation.roc import LOW_FPRS, low_fpr_note
+from lightning_dprobust.robustness.reports import markdown_table, write_text
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import logging
 import tempfile
 import warnings
 
-from lightning_dprobust.evaluation.attacks import build_attack, robust_accuracy
-from lightning_dprobust.evaluation.certify import certify_dataset, summarize
-from lightning_dprobust.evaluation.reports import markdown_table
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
+from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
+from lightning_dprobust.robustness.certify import certify_dataset, summarize
+from lightning_dprobust.robustness.reports import markdown_table
 
 RADII = (0.0, 0.25, 0.5, 0.75)
 

@@ -14,14 +14,14 @@ import argparse
 import time
 from pathlib import Path
 
-from lightning_dprobust.evaluation.certify import (
+from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
+from lightning_dprobust.robustness.certify import (
     certify_dataset,
     plot_certified_accuracy,
     summarize,
     write_csv,
     write_markdown,
 )
-from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 
 RADII = (0.0, 0.25, 0.5, 0.75)
 

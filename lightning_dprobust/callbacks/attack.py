@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 from torchattacks.attack import Attack
 
-from lightning_dprobust.evaluation.attacks import attack_guard
+from lightning_dprobust.robustness.attacks import attack_guard
 
 AttackSpec = Callable[[nn.Module], Attack] | dict[str, Any]
 _MODES = ("replace", "group", "mix")

@@ -148,7 +148,7 @@ class ClassifierModule(L.LightningModule):
             check_state_dict_fits(self, checkpoint["state_dict"], "--ckpt_path")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the module's class so :func:`lightning_dprobust.evaluation.loading.load_classifier` can rebuild it."""
+        """Record the module's class so :func:`lightning_dprobust.cli.loading.load_classifier` can rebuild it."""
         checkpoint[CLASS_KEY] = f"{type(self).__module__}:{type(self).__qualname__}"
 
     def configure_optimizers(self) -> Any:

@@ -15,10 +15,10 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MultilabelAccuracy
 
 from lightning_dprobust.callbacks.attack import AdversarialAugmentation
-from lightning_dprobust.evaluation.attacks import attack_guard, build_attack
-from lightning_dprobust.evaluation.multilabel import MultilabelFGSM
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.metrics import PaperCalibrationError
+from lightning_dprobust.robustness.attacks import attack_guard, build_attack
+from lightning_dprobust.robustness.multilabel import MultilabelFGSM
 
 
 class DPAdv(ClassifierModule):
@@ -36,7 +36,7 @@ class DPAdv(ClassifierModule):
     mean binary cross-entropy over labels and the metrics are per-attribute and mean accuracy.
 
     Args:
-        attack: training attack name (see :func:`lightning_dprobust.evaluation.attacks.build_attack`).
+        attack: training attack name (see :func:`lightning_dprobust.robustness.attacks.build_attack`).
         attack_eps: training budget in pixel units.
         attack_kwargs: extra arguments of the training attack (``steps``, ``alpha``, ...).
         eval_attack: evaluation attack name (default: the training attack).

@@ -114,7 +114,7 @@ class DPCert(ClassifierModule):
 
     def _smoothadv(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """SmoothAdv points ``x'`` and the noise draws ``[B, K, ...]`` the attack used (reused for the views)."""
-        from lightning_dprobust.evaluation.attacks import SmoothAdv, preserve_modes
+        from lightning_dprobust.robustness.attacks import SmoothAdv, preserve_modes
 
         hp = self.hparams
         if x.shape[0] == 0:  # an empty Poisson batch: nothing to attack

@@ -25,7 +25,7 @@ from lightning_dprobust.zoo import (
 )
 from tests.zoo_helpers import TINY_MODEL, TINY_NAME, ZooServer, files_under, tiny_state_dict, torch_bytes, write_entry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

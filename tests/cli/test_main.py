@@ -13,7 +13,7 @@ import yaml
 from lightning_dprobust.cli import main
 from tests.helpers import read_wandb_history
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DPSGD_DIGITS = ROOT / "configs" / "dpsgd" / "digits.yaml"
 
 

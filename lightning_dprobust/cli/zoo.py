@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from lightning_dprobust import zoo
-from lightning_dprobust.zoo_catalog import Entry, ZooError
+from lightning_dprobust.zoo.catalog import Entry, ZooError
 
 _COLUMNS = ("name", "status", "dataset", "epsilon", "metrics")
 
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "download":
         print(zoo.download(args.name, force=args.force))
     else:
-        from lightning_dprobust.zoo_build import build
+        from lightning_dprobust.zoo.build import build
 
         entry = build(args.name, epochs=args.epochs, out_dir=args.out)
         print(format_table(table_rows([entry])))

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from lightning_dprobust.core.smoothing import ABSTAIN, Smooth
-from lightning_dprobust.evaluation.certify import (
+from lightning_dprobust.robustness.certify import (
     CSV_COLUMNS,
     certify_dataset,
     plot_certified_accuracy,

@@ -14,7 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dprobust.data import DigitsDataModule
-from lightning_dprobust.evaluation.attacks import (
+from lightning_dprobust.models import create_model
+from lightning_dprobust.robustness.attacks import (
     ATTACKS,
     SmoothAdv,
     attack_guard,
@@ -24,7 +25,6 @@ from lightning_dprobust.evaluation.attacks import (
     robust_accuracy,
     smoothed_cross_entropy,
 )
-from lightning_dprobust.models import create_model
 
 LINF_EPS, L2_EPS = 0.1, 0.5
 CHEAP_AUTOATTACK = dict(version="custom", attacks_to_run=["apgd-ce", "apgd-t"], steps=5)
@@ -279,7 +279,7 @@ def test_standard_autoattack_is_bounded_and_never_exceeds_clean(trained):
 
 def test_the_package_loads_torchattacks_only_on_first_use():
     code = (
-        "import sys, lightning_dprobust.evaluation as e; assert 'torchattacks' not in sys.modules; "
+        "import sys, lightning_dprobust.robustness as e; assert 'torchattacks' not in sys.modules; "
         "e.build_attack; assert 'torchattacks' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

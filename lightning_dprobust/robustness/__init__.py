@@ -1,6 +1,6 @@
-"""Evaluation: the adversarial attack suite, robust accuracy, SmoothAdv, and per-example robustness metrics.
+"""Robustness: the adversarial attack suite, robust accuracy, SmoothAdv, and per-example robustness metrics.
 
-Submodules are imported on first use (``from lightning_dprobust.evaluation import build_attack`` works), so that
+Submodules are imported on first use (``from lightning_dprobust.robustness import build_attack`` works), so that
 importing the package, e.g. for the ``dprobust`` subcommands, does not load torchattacks.
 """
 

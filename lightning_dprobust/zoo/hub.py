@@ -42,7 +42,7 @@ import torch
 import yaml
 from torch import nn
 
-from lightning_dprobust.zoo_catalog import (
+from lightning_dprobust.zoo.catalog import (
     CatalogError,
     ChecksumError,
     DownloadError,
@@ -54,7 +54,7 @@ from lightning_dprobust.zoo_catalog import (
     catalog_error,
 )
 
-ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
+ZOO_DIR = Path(__file__).resolve().parents[2] / "zoo"
 """The catalog shipped with the code: ``entries/*.yaml`` and ``weights/``."""
 HOME_ENV = "DPROBUST_HOME"
 URL_ENV = "DPROBUST_ZOO_URL"
@@ -286,13 +286,6 @@ def load(name: str) -> nn.Module:
         torch.Size([2, 10])
     """
     return Zoo().load(name)
-
-
-def __getattr__(attribute: str) -> Any:
-    """``zoo.list`` is :func:`list_entries`; resolved here so the builtin ``list`` stays usable in this module."""
-    if attribute == "list":
-        return list_entries
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
 
 
 __all__ = [

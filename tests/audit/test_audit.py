@@ -13,24 +13,14 @@ from sklearn.metrics import roc_auc_score
 from sklearn.metrics import roc_curve as sklearn_roc_curve
 from torch.utils.data import ConcatDataset, Subset
 
-from lightning_dprobust.cli import main
-from lightning_dprobust.evaluation import commands
-from lightning_dprobust.evaluation.audit import (
-    RecipeTrainer,
-    audit_splits,
-    canary_audit,
-    load_recipe,
-    train_classifier,
-)
-from lightning_dprobust.evaluation.audit_command import audit_command
-from lightning_dprobust.evaluation.canaries import (
+from lightning_dprobust.audit.canaries import (
     audit_guesses,
     choose_canaries,
     epsilon_lower_bound,
     guess_membership,
     one_run_p_value,
 )
-from lightning_dprobust.evaluation.membership import (
+from lightning_dprobust.audit.membership import (
     ShadowModels,
     lira_offline_scores,
     logit_confidence,
@@ -39,7 +29,17 @@ from lightning_dprobust.evaluation.membership import (
     model_outputs,
     split_for_audit,
 )
-from lightning_dprobust.evaluation.roc import roc_auc, roc_curve, roc_metrics, tpr_at_fpr
+from lightning_dprobust.audit.roc import roc_auc, roc_curve, roc_metrics, tpr_at_fpr
+from lightning_dprobust.audit.runner import (
+    RecipeTrainer,
+    audit_splits,
+    canary_audit,
+    load_recipe,
+    train_classifier,
+)
+from lightning_dprobust.cli import evaluate as commands
+from lightning_dprobust.cli import main
+from lightning_dprobust.cli.audit import audit_command
 from lightning_dprobust.methods import DPSGD
 from tests.helpers import digits, quiet_trainer, read_wandb_history
 

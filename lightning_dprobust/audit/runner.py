@@ -1,11 +1,11 @@
 """Privacy audits that train models: membership inference on a checkpoint and the one-run canary audit.
 
-* :func:`checkpoint_membership_audit`: the attacks of :mod:`lightning_dprobust.evaluation.membership` on a trained
+* :func:`checkpoint_membership_audit`: the attacks of :mod:`lightning_dprobust.audit.membership` on a trained
   classifier whose members are its data module's train split; shadow models follow a :class:`Recipe`.
 * :func:`canary_audit`: Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run"
   (https://arxiv.org/abs/2305.08846): mislabeled canaries, each included with probability 1/2, ONE training run with
   the real pipeline (the recipe's :class:`~lightning_dprobust.callbacks.DPCallback` and LightningModule through a
-  Lightning ``Trainer``), and an epsilon lower bound (:mod:`lightning_dprobust.evaluation.canaries`) to compare with
+  Lightning ``Trainer``), and an epsilon lower bound (:mod:`lightning_dprobust.audit.canaries`) to compare with
   the epsilon the accountant claims.
 """
 
@@ -28,11 +28,11 @@ import torch
 import yaml
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorDataset
 
+from lightning_dprobust.audit.canaries import OneRunAudit, audit_guesses, choose_canaries
+from lightning_dprobust.audit.membership import ATTACKS, MembershipReport, membership_audit, model_outputs
+from lightning_dprobust.audit.roc import RocMetrics, roc_metrics
 from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.data.base import ImageDataModule
-from lightning_dprobust.evaluation.canaries import OneRunAudit, audit_guesses, choose_canaries
-from lightning_dprobust.evaluation.membership import ATTACKS, MembershipReport, membership_audit, model_outputs
-from lightning_dprobust.evaluation.roc import RocMetrics, roc_metrics
 from lightning_dprobust.methods.base import ClassifierModule
 
 _DATA_ATTRIBUTES = ("num_classes", "input_shape", "mean", "std")
@@ -100,7 +100,7 @@ def load_recipe(path: str | os.PathLike) -> tuple[Recipe, ImageDataModule]:
 def zoo_recipe(name: str) -> tuple[Recipe, ImageDataModule]:
     """The recipe (config plus overrides) that trained zoo entry ``name``."""
     from lightning_dprobust import zoo
-    from lightning_dprobust.zoo_build import recipe_config
+    from lightning_dprobust.zoo.build import recipe_config
 
     config, _ = recipe_config(zoo.info(name))
     return recipe_from_config(config, f"the recipe of zoo entry {name}")
@@ -217,7 +217,7 @@ def _quiet_lightning() -> Iterator[None]:
 
 
 class RecipeTrainer:
-    """A :data:`~lightning_dprobust.evaluation.membership.TrainFn`: trains ``recipe`` on subsets of ``dataset``.
+    """A :data:`~lightning_dprobust.audit.membership.TrainFn`: trains ``recipe`` on subsets of ``dataset``.
 
     Call ``j`` (from 0) uses seed ``recipe.seed + 1 + j``, so shadow models differ in initialization and sampling and
     the sequence is reproducible.
@@ -256,7 +256,7 @@ def checkpoint_membership_audit(
 ) -> MembershipReport:
     """Membership attacks on ``model``, trained on ``datamodule``'s train split (members); validation and test
     splits are the non-members. Shadow models follow ``recipe`` (``None``: the loss attack alone; see
-    :func:`~lightning_dprobust.evaluation.membership.membership_audit` for the split and the attacks).
+    :func:`~lightning_dprobust.audit.membership.membership_audit` for the split and the attacks).
     """
     train, held_out = audit_splits(datamodule)
     dataset = ConcatDataset([train, *held_out])
@@ -304,9 +304,9 @@ def canary_audit(
     """One-run audit (Steinke et al. 2023) of ``recipe`` on ``datamodule``.
 
     ``num_canaries`` held-out examples (validation + test splits, so no canary duplicates a training image) get a
-    flipped label (:func:`~lightning_dprobust.evaluation.canaries.choose_canaries`); each joins the train split with
+    flipped label (:func:`~lightning_dprobust.audit.canaries.choose_canaries`); each joins the train split with
     probability 1/2; the recipe trains ONCE; each canary's score is minus the loss of its flipped label; the bound
-    searches :func:`~lightning_dprobust.evaluation.canaries.guess_grid` with a union bound at confidence ``1 - beta``.
+    searches :func:`~lightning_dprobust.audit.canaries.guess_grid` with a union bound at confidence ``1 - beta``.
 
     Args:
         delta: delta of the tested hypothesis; default the run's DP delta, else ``1e-5``.

@@ -18,9 +18,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_dprobust.cli.args import CommandParser, add_output_flags, resolve_device
+from lightning_dprobust.cli.audit import audit_command
+from lightning_dprobust.cli.loading import load_classifier
+from lightning_dprobust.cli.zoo import zoo_command
 from lightning_dprobust.data import DATAMODULES
-from lightning_dprobust.evaluation.audit_command import audit_command
-from lightning_dprobust.evaluation.certify import (
+from lightning_dprobust.robustness.certify import (
     certify_dataset,
     format_summary,
     plot_certified_accuracy,
@@ -28,10 +31,7 @@ from lightning_dprobust.evaluation.certify import (
     write_csv,
     write_markdown,
 )
-from lightning_dprobust.evaluation.command_line import CommandParser, add_output_flags, resolve_device
-from lightning_dprobust.evaluation.loading import load_classifier
-from lightning_dprobust.evaluation.reports import log_wandb, write_text
-from lightning_dprobust.zoo_cli import zoo_command
+from lightning_dprobust.robustness.reports import log_wandb, write_text
 
 if TYPE_CHECKING:
     from torchattacks.attack import Attack
@@ -88,7 +88,7 @@ def _labels(sources: Sequence[str]) -> list[str]:
 
 def _load_models(sources: Sequence[str], device: torch.device) -> dict[str, nn.Module]:
     """All models by label, loaded before any evaluation starts so a bad ``--ckpt`` fails fast."""
-    from lightning_dprobust.zoo_catalog import ZooError
+    from lightning_dprobust.zoo.catalog import ZooError
 
     models = {}
     for label, source in zip(_labels(sources), sources, strict=True):
@@ -176,7 +176,7 @@ def certify_command(argv: Sequence[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------------- attack
 def _attack_parser() -> CommandParser:
-    from lightning_dprobust.evaluation.attacks import ATTACKS
+    from lightning_dprobust.robustness.attacks import ATTACKS
 
     parser = _parser("attack", "Clean and robust accuracy of checkpoints under the attack suite.", 256)
     add = parser.add_argument
@@ -193,7 +193,7 @@ def _attack_parser() -> CommandParser:
 
 
 def _attack_names(requested: Sequence[str] | None) -> list[str]:
-    from lightning_dprobust.evaluation.attacks import ATTACKS
+    from lightning_dprobust.robustness.attacks import ATTACKS
 
     names: list[str] = []
     for name in requested or ["PGD"]:
@@ -207,7 +207,7 @@ def _attack_names(requested: Sequence[str] | None) -> list[str]:
 
 
 def _build_attack(name: str, model: nn.Module, args: argparse.Namespace, n_classes: int) -> Attack:
-    from lightning_dprobust.evaluation.attacks import ATTACKS, build_attack
+    from lightning_dprobust.robustness.attacks import ATTACKS, build_attack
 
     accepted = inspect.signature(ATTACKS[name]).parameters
     values = {"steps": args.steps, "n_classes": n_classes, "seed": args.seed}
@@ -229,7 +229,7 @@ def attack_command(argv: Sequence[str]) -> None:
     per attack, accuracies in percent) and logs them to W&B. Attacks run independently on every example. The global
     torch seed is set to ``--seed`` before each checkpoint, so PGD's random start is reproducible.
     """
-    from lightning_dprobust.evaluation.attacks import format_table, robust_accuracy
+    from lightning_dprobust.robustness.attacks import format_table, robust_accuracy
 
     args = _attack_parser().parse_args(argv)
     _check_common(args)

@@ -16,7 +16,7 @@ Three attacks, each producing one score per example (higher: more likely a membe
   recommends.
 
 Training is abstracted as ``train_fn(indices) -> model`` (:data:`TrainFn`), so the attacks do not depend on how
-models are trained; :mod:`lightning_dprobust.evaluation.audit` provides one that follows a Lightning recipe.
+models are trained; :mod:`lightning_dprobust.audit.runner` provides one that follows a Lightning recipe.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_dprobust.evaluation.roc import RocMetrics, roc_metrics
+from lightning_dprobust.audit.roc import RocMetrics, roc_metrics
 
 TrainFn = Callable[[np.ndarray], nn.Module]
 """Trains a fresh model on the examples at the given indices of the audited dataset and returns it."""

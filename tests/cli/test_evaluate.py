@@ -11,11 +11,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dprobust.cli import main
+from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.core.smoothing import ABSTAIN
 from lightning_dprobust.data import DigitsDataModule
-from lightning_dprobust.evaluation.certify import CSV_COLUMNS
-from lightning_dprobust.evaluation.loading import load_classifier
 from lightning_dprobust.methods import DPSGD
+from lightning_dprobust.robustness.certify import CSV_COLUMNS
 from tests.helpers import digits, quiet_trainer, read_wandb_history
 
 RADII = {"0": 0.0, "0.25": 0.25, "0.5": 0.5, "0.75": 0.75, "1": 1.0}

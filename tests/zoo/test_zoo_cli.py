@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_dprobust import zoo, zoo_build
-from lightning_dprobust.zoo_cli import format_table, table_rows, zoo_command
+from lightning_dprobust import zoo
+from lightning_dprobust.cli.zoo import format_table, table_rows, zoo_command
+from lightning_dprobust.zoo import build as zoo_build
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -3,10 +3,10 @@
 Two modes, chosen by the flags:
 
 * ``dprobust audit --ckpt PATH_OR_ZOO [--data digits]``: the loss, shadow-model and offline LiRA attacks
-  (:mod:`lightning_dprobust.evaluation.membership`); members are the data module's train split for ``--split-seed``,
+  (:mod:`lightning_dprobust.audit.membership`); members are the data module's train split for ``--split-seed``,
   non-members its validation and test splits.
 * ``dprobust audit --config CONFIG --canaries M [--epochs N] [--no-dp]``: the one-run audit of Steinke et al. 2023
-  (:func:`lightning_dprobust.evaluation.audit.canary_audit`): prints the claimed epsilon and the empirical lower bound.
+  (:func:`lightning_dprobust.audit.runner.canary_audit`): prints the claimed epsilon and the empirical lower bound.
 
 Usage errors raise ``ValueError`` naming the flag; ``dprobust`` reports them in one line with exit status 2.
 """
@@ -18,8 +18,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning_dprobust.data import DATAMODULES
-from lightning_dprobust.evaluation.audit import (
+from lightning_dprobust.audit.membership import ATTACKS, MembershipReport
+from lightning_dprobust.audit.roc import LOW_FPRS, low_fpr_note, plot_roc
+from lightning_dprobust.audit.runner import (
     CanaryReport,
     Recipe,
     canary_audit,
@@ -27,11 +28,10 @@ from lightning_dprobust.evaluation.audit import (
     load_recipe,
     zoo_recipe,
 )
-from lightning_dprobust.evaluation.command_line import CommandParser, add_output_flags, resolve_device
-from lightning_dprobust.evaluation.membership import ATTACKS, MembershipReport
-from lightning_dprobust.evaluation.reports import log_wandb, markdown_table, write_text
-from lightning_dprobust.evaluation.roc import LOW_FPRS, low_fpr_note, plot_roc
-from lightning_dprobust.zoo_catalog import ZooError
+from lightning_dprobust.cli.args import CommandParser, add_output_flags, resolve_device
+from lightning_dprobust.data import DATAMODULES
+from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
+from lightning_dprobust.zoo.catalog import ZooError
 
 
 def _parser() -> CommandParser:
@@ -185,7 +185,7 @@ def _shadow_recipe(args: argparse.Namespace, model: object) -> Recipe:
 
 
 def _membership_mode(args: argparse.Namespace, device: str) -> None:
-    from lightning_dprobust.evaluation.loading import load_classifier
+    from lightning_dprobust.cli.loading import load_classifier
 
     attacks = tuple(args.attack or ATTACKS)
     try:

@@ -1,7 +1,7 @@
 """Build a zoo entry from its recipe: train with the recipe config, evaluate, save the weights, update the catalog.
 
 ``dprobust zoo build NAME`` runs the same code path as ``dprobust fit --config <recipe config>`` (through
-:class:`~lightning_dprobust.cli.DProbustCLI`), then tests the final model on the data module's test split and reads
+:class:`~lightning_dprobust.recipes.DProbustCLI`), then tests the final model on the data module's test split and reads
 the privacy guarantee from :class:`~lightning_dprobust.callbacks.DPCallback`. The weights (the model's
 ``state_dict``: plain tensors only) go to ``<out>/weights/<name>-<sha8>.pth`` and the updated entry to
 ``<out>/entries/<name>.yaml``, where ``<out>`` defaults to the shipped ``zoo/`` directory.
@@ -24,8 +24,8 @@ import torch
 import yaml
 from torch import nn
 
-from lightning_dprobust.zoo import ZOO_DIR, Zoo, fit_state_dict, sha256_file
-from lightning_dprobust.zoo_catalog import Entry, ZooError
+from lightning_dprobust.zoo.catalog import Entry, ZooError
+from lightning_dprobust.zoo.hub import ZOO_DIR, Zoo, fit_state_dict, sha256_file
 
 REPO_ROOT = ZOO_DIR.parent
 
@@ -152,7 +152,7 @@ def train_and_evaluate(
 
 
 def _certified_metrics(module: nn.Module, test_set: Any, sigma: float) -> dict[str, float]:
-    from lightning_dprobust.evaluation.certify import certify_dataset, summarize
+    from lightning_dprobust.robustness.certify import certify_dataset, summarize
 
     rows = certify_dataset(
         module, test_set, sigma=sigma, n0=100, n=10_000, alpha=0.001, batch_size=1000, seed=0, progress=False
@@ -162,7 +162,7 @@ def _certified_metrics(module: nn.Module, test_set: Any, sigma: float) -> dict[s
 
 
 def _robust_metrics(module: nn.Module, loader: Any, attack: str, eps: float, **kwargs: Any) -> dict[str, float]:
-    from lightning_dprobust.evaluation.attacks import build_attack, robust_accuracy
+    from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
 
     torch.manual_seed(0)  # the random start of PGD-like attacks
     accuracy = robust_accuracy(module, loader, {attack: build_attack(attack, module, eps, **kwargs)})

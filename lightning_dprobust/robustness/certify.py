@@ -21,8 +21,8 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from lightning_dprobust.core.smoothing import Smooth
-from lightning_dprobust.evaluation.reports import markdown_table, write_text
 from lightning_dprobust.metrics import AverageCertifiedRadius, CertifiedAccuracy, certified_accuracy
+from lightning_dprobust.robustness.reports import markdown_table, write_text
 
 CSV_COLUMNS = ("index", "label", "prediction", "radius", "correct", "seconds")
 """Columns of ``certify.csv``, one row per certified example (the columns of Cohen et al.'s ``certify.py``)."""

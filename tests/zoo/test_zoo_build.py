@@ -12,10 +12,10 @@ import yaml
 from lightning_dprobust import zoo
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.zoo import Zoo
-from lightning_dprobust.zoo_build import apply_override, build, git_commit, recipe_config
-from lightning_dprobust.zoo_catalog import ZooError
+from lightning_dprobust.zoo.build import apply_override, build, git_commit, recipe_config
+from lightning_dprobust.zoo.catalog import ZooError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS_DP = "*.dpsgd_digits_eps3"
 
 

@@ -22,9 +22,9 @@ from lightning_dprobust.core.accounting import DEFAULT_RDP_ORDERS
 from lightning_dprobust.models import create_model, list_models
 from lightning_dprobust.models.timm_models import is_timm_model
 from lightning_dprobust.zoo import Zoo
-from lightning_dprobust.zoo_build import recipe_config
+from lightning_dprobust.zoo.build import recipe_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ZOO = ROOT / "zoo"
 RAW = {path.stem: yaml.safe_load(path.read_text()) for path in sorted((ZOO / "entries").glob("*.yaml"))}
 NAMES = sorted(RAW)

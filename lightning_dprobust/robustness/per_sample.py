@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_dprobust.evaluation.attacks import attack_guard
+from lightning_dprobust.robustness.attacks import attack_guard
 
 _TINY = 1e-12
 

@@ -22,8 +22,8 @@ import torchattacks
 from torch import Tensor, nn
 from torchattacks.attack import Attack
 
-from lightning_dprobust.evaluation.reports import markdown_table
 from lightning_dprobust.metrics import RobustAccuracy
+from lightning_dprobust.robustness.reports import markdown_table
 
 AttackBuilder = Callable[..., Attack]
 

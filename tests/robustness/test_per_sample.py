@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_dprobust.evaluation.per_sample import input_gradient_norm, input_hessian_top_eigenvalue, local_lipschitz
 from lightning_dprobust.models import create_model
+from lightning_dprobust.robustness.per_sample import input_gradient_norm, input_hessian_top_eigenvalue, local_lipschitz
 
 
 def digits_model() -> nn.Module:

@@ -1,0 +1,62 @@
+"""The ``dprobust`` command: ``fit|validate|test`` through LightningCLI, plus the evaluation subcommands."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_dprobust.data.base import DatasetNotFoundError
+from lightning_dprobust.recipes import DProbustCLI
+
+USER_ERRORS = (MisconfigurationException, DatasetNotFoundError, FileNotFoundError, ValueError)
+"""Errors caused by a bad configuration or missing files: reported in one line, exit status 2."""
+
+
+def run_lightning(args: Sequence[str]) -> None:
+    DProbustCLI(args=args)
+
+
+SUBCOMMANDS = ("certify", "attack", "audit", "zoo")
+"""``dprobust`` subcommands outside LightningCLI (the rest go to ``fit|validate|test``)."""
+
+
+def _run_subcommand(name: str, args: Sequence[str]) -> None:
+    """Import lazily, so ``dprobust fit`` does not load the evaluation stack."""
+    from lightning_dprobust.cli.evaluate import COMMANDS
+
+    COMMANDS[name](args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dprobust`` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] in SUBCOMMANDS:
+            _run_subcommand(args[0], args[1:])
+        else:
+            run_lightning(args)
+    except USER_ERRORS as error:
+        print(f"dprobust: error: {_root_cause(error)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The user error itself when jsonargparse wrapped it (a refused class argument) in a report of every type tried."""
+    cause = error.__cause__ or error.__context__
+    while _raised_in_jsonargparse(error) and isinstance(cause, USER_ERRORS):
+        error, cause = cause, cause.__cause__ or cause.__context__
+    return error
+
+
+def _raised_in_jsonargparse(error: BaseException) -> bool:
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and "jsonargparse" in frame.tb_frame.f_code.co_filename
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

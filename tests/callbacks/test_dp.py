@@ -57,13 +57,15 @@ def test_zero_noise_huge_clip_fixed_batches_equals_non_private_training(tmp_path
     data = digits(batch_size=64)
     data.setup()
     subset = torch.utils.data.Subset(data.train_set, range(1280))
-    fixed = DataLoader(subset, batch_size=64, shuffle=False)
+
+    def fixed() -> DataLoader:  # the same shuffled batches each time it is called
+        return DataLoader(subset, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
 
     private, plain = dpsgd(), dpsgd()
     callback = DPCallback(max_grad_norm=1e9, noise_multiplier=0.0, poisson_sampling=False)
     with pytest.warns(UserWarning, match="approximation"):
-        quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(private, train_dataloaders=fixed)
-    quiet_trainer(tmp_path, max_epochs=1).fit(plain, train_dataloaders=fixed)
+        quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(private, train_dataloaders=fixed())
+    quiet_trainer(tmp_path, max_epochs=1).fit(plain, train_dataloaders=fixed())
     for a, b in zip(private.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert math.isinf(callback.epsilon())

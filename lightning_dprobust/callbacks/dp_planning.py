@@ -93,8 +93,8 @@ def resolve_delta(delta: float | None, num_examples: int) -> float:
             raise MisconfigurationException(
                 f"DPCallback: the training set has only {num_examples} examples, so the default delta 1/(10 n) "
                 f"rounded down is {delta:g} > {MAX_DEFAULT_DELTA:g}: a guarantee that fails with such a probability "
-                "is no meaningful guarantee. Train on at least 100 examples, or pass DPCallback(delta=...) "
-                "explicitly, well below 1/n"
+                "is no meaningful guarantee. Train on more examples, or pass DPCallback(delta=...) explicitly, "
+                "well below 1/n"
             )
     elif not delta < 1.0 / num_examples or not math.isfinite(delta):
         raise MisconfigurationException(

@@ -270,7 +270,7 @@ class DPCallback(Callback):
         if self.target_epsilon is not None:
             total = planned_steps(trainer, self.loaders.steps_per_epoch)
             self.noise_multiplier = calibrate(
-                self.target_epsilon, self.delta, rate, total, self.ledger, self.accountant
+                self.target_epsilon, self.delta, rate, total, self.ledger, self.accountant, self._checkpoint_noise
             )
             limits.append(total)
         else:

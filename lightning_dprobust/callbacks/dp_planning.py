@@ -39,9 +39,18 @@ def planned_steps(trainer: L.Trainer, steps_per_epoch: int) -> int:
 
 
 def calibrate(
-    target_epsilon: float, delta: float, sample_rate: float, total_steps: int, ledger: PrivacyLedger, accountant: str
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    total_steps: int,
+    ledger: PrivacyLedger,
+    accountant: str,
+    current: float | None = None,
 ) -> float:
     """Noise multiplier such that the ledger's steps followed by the remaining steps spend at most the target.
+
+    ``current`` (a resumed checkpoint's noise multiplier) is kept when the whole plan stays within the target with
+    it, so that a resumed run continues the uninterrupted one; otherwise the remaining steps are recalibrated.
 
     Raises:
         MisconfigurationException: when the ledger already spent the target, or the remaining steps cannot fit.
@@ -53,6 +62,10 @@ def calibrate(
             f"epsilon {spent:.4g}; no further step fits the target. Keep the checkpoint as it is, or train a new run"
         )
     remaining = total_steps - ledger.steps
+    if current is not None and current > 0 and remaining > 0:
+        plan = PrivacyLedger([*ledger.history, (current, sample_rate, remaining)])
+        if plan.epsilon(delta, accountant) <= target_epsilon:
+            return current
     try:
         return calibrate_noise_multiplier(
             target_epsilon, delta, sample_rate, remaining, accountant=accountant, history=ledger.history

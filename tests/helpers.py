@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import lightning as L
+import torch
 
 from lightning_dprobust.data import DigitsDataModule
+from lightning_dprobust.methods import DPSGD
 
 
 def quiet_trainer(tmp_path, **kwargs) -> L.Trainer:
@@ -25,6 +27,23 @@ def quiet_trainer(tmp_path, **kwargs) -> L.Trainer:
 
 def digits(batch_size: int = 64, **kwargs) -> DigitsDataModule:
     return DigitsDataModule(batch_size=batch_size, **kwargs)
+
+
+class ZeroGradient(DPSGD):
+    """Every example's loss is constant, so the clipped sum is exactly zero and only the noise remains."""
+
+    def per_example_loss(self, x, y):
+        return 0.0 * self(x).sum(dim=1)
+
+
+class GradientRecorder(L.Callback):
+    """Keeps the flat gradient the optimizer is about to apply at each step."""
+
+    def __init__(self):
+        self.grads = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]).clone())
 
 
 def read_wandb_history(run_file) -> list[dict]:

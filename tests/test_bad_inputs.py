@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
 from lightning_dprobust import zoo
 from lightning_dprobust.cli import main
@@ -70,6 +70,18 @@ class NormalizedDigits(CorruptedDigits):
         return (x - 0.3063) / 0.3794, y
 
 
+class FiveDigits(CorruptedDigits):
+    @staticmethod
+    def corrupt(x, y):
+        return x[:5], y[:5]
+
+
+class WeightedDigits(DigitsDataModule):
+    def train_dataloader(self) -> DataLoader:
+        weights = torch.ones(len(self.train_set))
+        return DataLoader(self.train_set, self.batch_size, sampler=WeightedRandomSampler(weights, len(weights)))
+
+
 # ---------------------------------------------------------------------------------------- argument builders
 def shortened(edit: Edit | None, folder: Path) -> Path:
     """The shipped DP-SGD digits config, two steps, no logger; ``edit`` applied; written into ``folder``."""
@@ -95,6 +107,14 @@ def fit(edit: Edit | None = None, *extra: str, resume: Callable[[Path, Path], Pa
         return args + (["--ckpt_path", str(resume(folder, finished))] if resume else [])
 
     return build
+
+
+def edits(*steps: Edit) -> Edit:
+    def edit(config: dict, folder: Path) -> None:
+        for step in steps:
+            step(config, folder)
+
+    return edit
 
 
 def dp(**values) -> Edit:
@@ -214,6 +234,29 @@ def bad_test_labels(raw: Path) -> None:
     write_idx(raw / "t10k-labels-idx1-ubyte", np.full(10, 12, np.uint8))
 
 
+def accumulation_scheduler(config: dict, folder: Path) -> None:
+    scheduler = {"class_path": "lightning.pytorch.callbacks.GradientAccumulationScheduler"}
+    config["trainer"]["callbacks"].append(scheduler | {"init_args": {"scheduling": {0: 2}}})
+
+
+def without_dp_ledger(path: Path) -> None:
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint["callbacks"]["DPCallback"]
+    torch.save(checkpoint, path)
+
+
+def with_tiny_noise(path: Path) -> None:
+    checkpoint = torch.load(path, weights_only=True)
+    state = checkpoint["callbacks"]["DPCallback"]
+    state["noise_multiplier"] = 1e-4
+    state["ledger"]["history"] = [[1e-4, rate, steps] for _, rate, steps in state["ledger"]["history"]]
+    torch.save(checkpoint, path)
+
+
+def more_steps(config: dict, folder: Path) -> None:
+    config["trainer"]["max_steps"] = 8  # past the finished run's checkpoint, so that training resumes
+
+
 def unknown_method(config: dict, folder: Path) -> None:
     config["model"]["class_path"] = "lightning_dprobust.methods.NoSuchMethod"
 
@@ -241,6 +284,12 @@ CATALOGUE = [
     Bad("gradient-accumulation", fit(None, "--trainer.accumulate_grad_batches", "2"),
         r"accumulate_grad_batches=2\).*set accumulate_grad_batches=1"),
     Bad("lightning-gradient-clipping", fit(None, "--trainer.gradient_clip_val", "1.0"), r"gradient_clip_val=1.0\)"),
+    Bad("accumulation-scheduler", fit(accumulation_scheduler), r"accumulate_grad_batches=2\) \(or a GradientAccumu"),
+    Bad("precision-bf16-true", fit(None, "--trainer.precision", "bf16-true"), r"precision='bf16-true'\) breaks per-ex"),
+    Bad("weighted-sampler-without-poisson", fit(edits(dp(poisson_sampling=False), digits_via("WeightedDigits"))),
+        r"needs a uniform shuffle without replacement, but the train loader uses WeightedRandomSampler"),
+    Bad("training-set-too-small", fit(edits(data(f"{HERE}.FiveDigits", data_dir=None, batch_size=2), dp(delta=None))),
+        r"only 5 examples, so the default delta .* > 0.001"),
     # model and method
     Bad("unknown-architecture", fit(section("model", model="no_such_net")), r"unknown model 'no_such_net'.*list_mod"),
     Bad("non-positive-lr", fit(section("model", lr=0.0)), r"lr must be positive, got 0.0: set --model.lr"),
@@ -274,6 +323,8 @@ CATALOGUE = [
     Bad("resume-pickled-code", fit(resume=damaged(with_code)), r"refusing to load checkpoint .*damaged.ckpt.*code"),
     Bad("resume-other-clip", fit(dp(max_grad_norm=2.0), resume=good), r"max_grad_norm=1.0 but this run has max_grad"),
     Bad("resume-other-accountant", fit(dp(accountant="prv"), resume=good), r"accountant='rdp' but this run has accou"),
+    Bad("resume-non-private-checkpoint", fit(resume=damaged(without_dp_ledger)), r"holds no DP ledger"),
+    Bad("resume-tiny-noise-under-target", fit(more_steps, resume=damaged(with_tiny_noise)), r"already spent epsilon"),
     Bad("resume-on-other-dataset", fit(data(MNIST, write_mnist), resume=good), r"written for another architecture"),
     Bad("certify-truncated-checkpoint", evaluate("certify", damaged(truncate)), r"is truncated, damaged or not a PyT"),
     Bad("certify-pickled-code", evaluate("certify", damaged(with_code)), r"refusing to load checkpoint"),

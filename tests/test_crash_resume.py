@@ -30,12 +30,14 @@ CHECKPOINTS = Path("runs") / "dpsgd-digits" / "checkpoints"
 
 
 def write_config(run_dir: Path, log_name: str, pause_at_step: int | None = None) -> Path:
-    """The shipped DP-SGD digits config, shortened, with step checkpoints and a step recorder."""
+    """The shipped DP-SGD digits config, shortened, seeded, with step checkpoints and a step recorder."""
     config = copy.deepcopy(CONFIG)
     trainer = config["trainer"]
     trainer.update(max_epochs=EPOCHS, logger=False, enable_progress_bar=False, limit_val_batches=0)
     checkpoint = next(c for c in trainer["callbacks"] if c["class_path"].endswith("ModelCheckpoint"))
     checkpoint["init_args"].update(every_n_train_steps=EVERY, save_last=True)
+    dp = next(c for c in trainer["callbacks"] if c["class_path"].endswith("DPCallback"))
+    dp["init_args"]["seed"] = 0  # reproducibility mode: a resume continues the masks and noise of the run
     recorder = {"log_path": str(run_dir / log_name), "pause_at_step": pause_at_step}
     trainer["callbacks"].append({"class_path": "tests.crash_helpers.StepRecorder", "init_args": recorder})
     path = run_dir / f"{log_name}.yaml"

@@ -4,27 +4,29 @@ from __future__ import annotations
 
 import enum
 import math
+from functools import partial
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
+from typing_extensions import override
 
 from lightning_dprobust.callbacks.dp_checks import (
+    check_accumulation,
     check_module,
     check_trainer,
     guard_single_optimizer,
     release_optimizer_guard,
 )
+from lightning_dprobust.callbacks.dp_guard import PrivateStepGuard
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
-from lightning_dprobust.core.accounting import (
-    ACCOUNTANTS,
-    PrivacyLedger,
-    default_delta,
-)
-from lightning_dprobust.core.calibration import calibrate_noise_multiplier, max_steps_within_budget
+from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, resolve_delta, steps_within_budget
+from lightning_dprobust.callbacks.dp_randomness import DPRandomness
+from lightning_dprobust.core.accounting import ACCOUNTANTS, PrivacyLedger
 from lightning_dprobust.core.per_sample import CLIPPING_RULES, PerExampleClipper, gaussian_noise_like
 
 
@@ -47,19 +49,30 @@ class DPCallback(Callback):
        (on rank 0 under DDP; the other ranks' sums are all-reduced into it);
     4. the result is divided by the expected batch size ``sample_rate * len(train_set)`` and handed to the
        optimizer (SGD, Adam, ...: post-processing);
-    5. the step is recorded in a privacy ledger; ``privacy/epsilon`` is logged at each epoch end.
+    5. the step is recorded in a privacy ledger; ``privacy/epsilon`` is logged at each epoch end, printed at the
+       end of ``fit`` and added to ``test``'s metrics;
+    6. before the optimizer applies the gradient, it is verified to be exactly the private one of exactly one
+       private step (:class:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard`); anything else stops the run.
+
+    The masks of step 1 and the noise of step 3 come from generators the callback seeds from the operating system's
+    entropy at each ``fit`` (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`), never from the
+    global torch RNG: ``seed_everything``, the config and any attack that reseeds the global RNG leave them secret,
+    and neither a resume nor a second ``fit`` replays them.
 
     Guarantees:
         The released parameters satisfy ``(epsilon, delta)``-DP with respect to adding or removing one training
         example, with ``epsilon`` as reported by the chosen accountant (``rdp`` default, ``prv``, ``gdp``).
-        The ledger is part of the checkpoint, so a resumed run reports the epsilon of all steps taken.
+        The ledger is part of the checkpoint, so a resumed run reports the epsilon of all steps taken; under
+        ``target_epsilon`` a resume recalibrates the remaining steps against it (or refuses), and training stops
+        before any step would exceed ``target_epsilon`` or ``epsilon_budget``.
 
     Assumptions (each violation is refused at setup with a message that says how to fix it):
-        one optimizer; no gradient accumulation; no fp16 grad scaling; no Lightning gradient clipping; no
-        BatchNorm or other layer mixing examples; the train loader built by this callback (Poisson sampling),
-        unless ``poisson_sampling=False`` is set, in which case the loader's own shuffled batches are used and
-        the reported epsilon is only an approximation. Per-step training metrics are not logged, since they are
-        not covered by the guarantee.
+        one optimizer; no gradient accumulation (checked at every step); no fp16 or ``bf16-true`` precision; no
+        resume from a checkpoint without a DP ledger; a default delta of at most 1e-3; no Lightning gradient
+        clipping; no BatchNorm or other layer mixing examples; the train loader built by this callback (Poisson
+        sampling), unless ``poisson_sampling=False`` is set, in which case the loader's own batches (a uniform
+        shuffle without replacement) are used and the reported epsilon is only an approximation. Per-step training
+        metrics are not logged, since they are not covered by the guarantee.
 
     Args:
         max_grad_norm: clipping bound ``C`` on each example's gradient.
@@ -75,7 +88,9 @@ class DPCallback(Callback):
             256 MB of per-example gradients (see :class:`~lightning_dprobust.core.per_sample.PerExampleClipper`).
         clipping: ``"flat"`` (``min(1, C/||g||)``), ``"psac"`` or ``"automatic"``; each bounds every example's
             contribution by ``C`` (see :func:`lightning_dprobust.core.per_sample.clip_factors`).
-        seed: seed of the Poisson sampler.
+        seed: ``None`` (default): secret randomness. An int: reproducibility mode for tests and debugging (warned):
+            masks and noise follow from the seed, a resume continues them exactly; the guarantee then assumes the
+            seed is secret and trains one model.
 
     Example:
         >>> from lightning_dprobust.callbacks import DPCallback
@@ -94,7 +109,7 @@ class DPCallback(Callback):
         poisson_sampling: bool = True,
         max_physical_batch_size: int | None = None,
         clipping: str = "flat",
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         _validate_arguments(
             max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate
@@ -110,9 +125,13 @@ class DPCallback(Callback):
         self.epsilon_budget = epsilon_budget
         self.poisson_sampling = poisson_sampling
         self.max_physical_batch_size = max_physical_batch_size
-        self.loaders = PoissonLoaderFactory(sample_rate=sample_rate, seed=seed, poisson=poisson_sampling)
+        self.randomness = DPRandomness(seed)
+        self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=poisson_sampling)
         self.ledger = PrivacyLedger()
+        self.guard = PrivateStepGuard()
         self.stop_reason: StopReason | None = None
+        self._requested_noise = noise_multiplier
+        self._checkpoint_noise: float | None = None
         self._budget_steps: int | None = None
         self._clipper: PerExampleClipper | None = None
         self._world_size = 1
@@ -120,50 +139,86 @@ class DPCallback(Callback):
         self._zero_noise_steps = 0
 
     # ----------------------------------------------------------------------------------------------- lifecycle
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         check_module(pl_module)
         check_trainer(trainer, self.poisson_sampling)
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
+        self.randomness.next_fit()
         self.loaders.attach(trainer, pl_module)
         guard_single_optimizer(pl_module)
         self._clipper = PerExampleClipper(
             pl_module, "per_example_loss", self.max_grad_norm, self.max_physical_batch_size, self.clipping
         )
 
+    @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and self.state_key not in (checkpoint.get("callbacks") or {}):
+            raise MisconfigurationException(
+                "DPCallback: the checkpoint to resume holds no DP ledger: its parameters were trained without "
+                "DPCallback, so no epsilon can be claimed for them. Start a private run from scratch (no --ckpt_path)"
+            )
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.randomness.start(trainer)
+
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.loaders.check_train_loader(trainer.train_dataloader, self._world_size)
-        if self.delta is None:
-            self.delta = default_delta(self.loaders.num_examples)
-        elif self.delta >= 1.0 / self.loaders.num_examples:
-            raise MisconfigurationException(
-                f"DPCallback(delta={self.delta}) is >= 1/n = {1.0 / self.loaders.num_examples:.3g}: such a delta "
-                "allows releasing a whole example; use delta well below 1/n (default: 1/(10 n) rounded down)"
-            )
-        if self.noise_multiplier is None:
-            self.noise_multiplier = self._calibrate(trainer)
-        if self.epsilon_budget is not None:
-            self._budget_steps = self._steps_within_budget(trainer)
+        self.delta = resolve_delta(self.delta, self.loaders.num_examples)
+        self._plan(trainer)
         pl_module.private_step = self.private_step
         rank_zero_info(
             f"DPCallback: noise_multiplier={self.noise_multiplier:.4f}, max_grad_norm={self.max_grad_norm}, "
-            f"sample_rate={self.loaders.sample_rate:.5f}, delta={self.delta:g}, accountant={self.accountant}"
+            f"sample_rate={self.loaders.sample_rate:.5f}, delta={self.delta:g}, accountant={self.accountant}, "
+            f"randomness={'secret' if self.randomness.secret else 'seeded (reproducibility mode)'}"
         )
 
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        check_accumulation(trainer)
+        self.guard.reset()
+
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        reduce = None
+        if self._world_size > 1:
+            reduce = partial(trainer.strategy.reduce, reduce_op="mean")
+        self.guard.verify(self._clipper.trainable_parameters(), reduce)
+
+    @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
             trainer.should_stop = True
+            trainer.fit_loop.min_epochs = None  # a privacy limit overrides min_epochs / min_steps
+            trainer.fit_loop.epoch_loop.min_steps = None
             if self.stop_reason is None:
                 self.stop_reason = StopReason.BUDGET_EXHAUSTED
                 rank_zero_info(
-                    f"DPCallback: stopping: {self.stop_reason.value} (epsilon_budget={self.epsilon_budget}, "
-                    f"spent {self.epsilon():.4f} after {self.ledger.steps} steps)"
+                    f"DPCallback: stopping: {self.stop_reason.value} (spent {self.epsilon():.4f} of "
+                    f"{self._limit():.4f} after {self.ledger.steps} steps; min_epochs / min_steps no longer apply)"
                 )
 
+    @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.log("privacy/epsilon", self.epsilon(), sync_dist=False, rank_zero_only=False)
 
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        rank_zero_info(
+            f"DPCallback: final epsilon={self.epsilon():.4f}, delta={self.delta:g}, accountant={self.accountant}, "
+            f"steps={self.ledger.steps + self._zero_noise_steps}"
+        )
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (self.ledger.steps or self._zero_noise_steps) and self.delta is not None:
+            pl_module.log("privacy/epsilon", self.epsilon(), sync_dist=False, rank_zero_only=False)
+
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             pl_module.private_step = None
@@ -175,23 +230,29 @@ class DPCallback(Callback):
         """Clip, sum, noise and account one batch; returns a surrogate loss whose gradient is the DP gradient.
 
         The surrogate ``sum_p <p, g_p>`` (with ``g`` detached) lets Lightning's optimizer loop, the DDP gradient
-        all-reduce and any optimizer run unchanged while ``p.grad`` receives exactly the private gradient.
+        all-reduce and any optimizer run unchanged while ``p.grad`` receives exactly the private gradient, which
+        :class:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard` verifies before the optimizer step.
         """
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
-            raise RuntimeError(
-                f"DPCallback: epsilon_budget={self.epsilon_budget} is spent; no further private step is allowed"
-            )
+            raise RuntimeError(f"DPCallback: the privacy limit {self._limit()} is spent; no further step is allowed")
         clipped = self._clipper(inputs)
-        std = self.noise_multiplier * self.max_grad_norm
-        noise = gaussian_noise_like(clipped.grads, std if self._rank == 0 else 0.0)
-        scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
         params = self._clipper.trainable_parameters()
-        surrogate = sum((params[name] * ((clipped.grads[name] + noise[name]) * scale)).sum() for name in clipped.grads)
+        private = self._add_noise(clipped.grads)
+        self.guard.record(private)
         if self.noise_multiplier > 0:
             self.ledger.record(self.noise_multiplier, self.loaders.sample_rate)
         else:
             self._zero_noise_steps += 1
-        return surrogate
+        return sum((params[name] * grad).sum() for name, grad in private.items())
+
+    def _add_noise(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``(sum + N(0, (sigma C)^2)) * scale`` per parameter; the noise is drawn on rank 0 only."""
+        std = self.noise_multiplier * self.max_grad_norm if self._rank == 0 else 0.0
+        device = next(iter(grads.values())).device
+        generator = self.randomness.noise_generator(self.ledger.steps + self._zero_noise_steps, device)
+        noise = gaussian_noise_like(grads, std, generator)
+        scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
+        return {name: (grads[name] + noise[name]) * scale for name in grads}
 
     # ------------------------------------------------------------------------------------------- accounting
     def epsilon(self, delta: float | None = None) -> float:
@@ -200,51 +261,37 @@ class DPCallback(Callback):
             return math.inf
         return self.ledger.epsilon(delta or self.delta, self.accountant)
 
-    def _planned_steps(self, trainer: L.Trainer) -> int:
-        steps_per_epoch = self.loaders.steps_per_epoch
-        candidates = []
-        if trainer.max_steps is not None and trainer.max_steps > 0:
-            candidates.append(trainer.max_steps)
-        if trainer.max_epochs is not None and trainer.max_epochs > 0:
-            candidates.append(trainer.max_epochs * steps_per_epoch)
-        if not candidates:
-            raise MisconfigurationException(
-                "DPCallback(target_epsilon=...) needs a finite training length to calibrate the noise: "
-                "set Trainer(max_epochs=...) or Trainer(max_steps=...)"
-            )
-        return min(candidates) - self.ledger.steps
+    def _limit(self) -> float:
+        return min(limit for limit in (self.target_epsilon, self.epsilon_budget) if limit is not None)
 
-    def _calibrate(self, trainer: L.Trainer) -> float:
-        steps = self._planned_steps(trainer)
-        try:
-            return calibrate_noise_multiplier(
-                self.target_epsilon, self.delta, self.loaders.sample_rate, steps, accountant=self.accountant
+    def _plan(self, trainer: L.Trainer) -> None:
+        """Noise multiplier (calibrated against the ledger under a target) and the step limit of this fit."""
+        rate, limits = self.loaders.sample_rate, []
+        if self.target_epsilon is not None:
+            total = planned_steps(trainer, self.loaders.steps_per_epoch)
+            self.noise_multiplier = calibrate(
+                self.target_epsilon, self.delta, rate, total, self.ledger, self.accountant, self._checkpoint_noise
             )
-        except ValueError as error:
-            raise MisconfigurationException(
-                f"DPCallback(target_epsilon={self.target_epsilon}) cannot be reached with {steps} steps at "
-                f"sample_rate={self.loaders.sample_rate:.4g}, delta={self.delta:g}: {error}. Raise target_epsilon, "
-                "or lower max_epochs / the batch size"
-            ) from error
-
-    def _steps_within_budget(self, trainer: L.Trainer) -> int:
-        extra = max_steps_within_budget(
-            self.epsilon_budget,
-            self.delta,
-            self.noise_multiplier,
-            self.loaders.sample_rate,
-            accountant=self.accountant,
-            history=self.ledger.history,
-        )
-        if extra == 0 and self.ledger.steps == 0:
-            raise MisconfigurationException(
-                f"DPCallback(epsilon_budget={self.epsilon_budget}) is smaller than the epsilon of a single step "
-                f"(noise_multiplier={self.noise_multiplier:.4g}): raise epsilon_budget or the noise"
+            limits.append(total)
+        else:
+            self.noise_multiplier = self._requested_noise
+        if self._checkpoint_noise is not None and self._checkpoint_noise != self.noise_multiplier:
+            rank_zero_warn(
+                f"DPCallback: resuming with noise_multiplier={self.noise_multiplier:.4g} after steps at "
+                f"{self._checkpoint_noise:.4g}; the ledger composes both"
             )
-        return self.ledger.steps + extra
+        if self.epsilon_budget is not None:
+            limits.append(
+                steps_within_budget(
+                    self.epsilon_budget, self.delta, self.noise_multiplier, rate, self.ledger, self.accountant
+                )
+            )
+        self._budget_steps = min(limits) if limits else None
 
     # ----------------------------------------------------------------------------------------- checkpointing
+    @override
     def state_dict(self) -> dict[str, Any]:
+        """Ledger and mechanism; in secret mode no randomness at all (see :class:`DPRandomness`)."""
         return {
             "ledger": self.ledger.state_dict(),
             "zero_noise_steps": self._zero_noise_steps,
@@ -253,8 +300,10 @@ class DPCallback(Callback):
             "sample_rate": self.loaders.sample_rate,
             "delta": self.delta,
             "accountant": self.accountant,
+            "randomness": self.randomness.state_dict(),
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key in ("max_grad_norm", "accountant"):
             if state_dict[key] != getattr(self, key):
@@ -264,8 +313,9 @@ class DPCallback(Callback):
                 )
         self.ledger.load_state_dict(state_dict["ledger"])
         self._zero_noise_steps = state_dict["zero_noise_steps"]
-        self.noise_multiplier = state_dict["noise_multiplier"]
+        self._checkpoint_noise = state_dict["noise_multiplier"]
         self.delta = self.delta if self.delta is not None else state_dict["delta"]
+        self.randomness.load_state_dict(state_dict.get("randomness", {}))
 
 
 def _validate_arguments(

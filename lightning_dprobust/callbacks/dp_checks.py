@@ -30,18 +30,26 @@ def check_module(pl_module: L.LightningModule) -> None:
         )
 
 
-def check_trainer(trainer: L.Trainer, poisson_sampling: bool) -> None:
-    """No accumulation, no fp16 scaling, no Lightning clipping, DDP without Lightning's distributed sampler."""
+def check_accumulation(trainer: L.Trainer) -> None:
+    """No gradient accumulation (checked at setup and at every step: a scheduler may change it during fit)."""
     if trainer.accumulate_grad_batches != 1:
         raise MisconfigurationException(
-            f"DPCallback: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) changes the sampled "
-            "batch the accountant assumes; set accumulate_grad_batches=1 and use "
-            "DPCallback(max_physical_batch_size=...) to bound memory instead"
+            f"DPCallback: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) (or a "
+            "GradientAccumulationScheduler) changes the sampled batch the accountant assumes; set "
+            "accumulate_grad_batches=1, remove the scheduler, and use DPCallback(max_physical_batch_size=...) to "
+            "bound memory instead"
         )
-    if str(trainer.precision).startswith("16"):
+
+
+def check_trainer(trainer: L.Trainer, poisson_sampling: bool) -> None:
+    """No accumulation, no fp16 or half-precision parameters, no Lightning clipping, no distributed sampler."""
+    check_accumulation(trainer)
+    precision = str(trainer.precision)
+    if precision.startswith("16") or precision == "bf16-true":
         raise MisconfigurationException(
-            f"DPCallback: Trainer(precision={trainer.precision!r}) scales the loss before clipping, which breaks "
-            "per-example clipping; use precision='32-true' or 'bf16-mixed'"
+            f"DPCallback: Trainer(precision={trainer.precision!r}) breaks per-example clipping (fp16 scales the "
+            "loss; half-precision parameters round the clipped gradients above max_grad_norm); use "
+            "precision='32-true' or 'bf16-mixed'"
         )
     if trainer.gradient_clip_val:
         raise MisconfigurationException(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -15,14 +17,16 @@ class PoissonLoaderFactory:
 
     Args:
         sample_rate: inclusion probability; default ``batch_size * world_size / len(dataset)``.
-        seed: seed of the Poisson masks (the same on every rank).
-        poisson: ``False`` keeps the original loader; the accountant then assumes Poisson sampling at rate
-            ``batch_size * world_size / n`` although batches are shuffled, which is only an approximation.
+        mask_seed: returns the (secret) seed of the Poisson masks, the same on every rank; called each time the
+            loader is built.
+        poisson: ``False`` keeps the original loader, which must shuffle uniformly without replacement; the
+            accountant then assumes Poisson sampling at rate ``batch_size * world_size / n`` although batches are
+            shuffled, which is only an approximation.
     """
 
-    def __init__(self, sample_rate: float | None, seed: int, poisson: bool) -> None:
+    def __init__(self, sample_rate: float | None, mask_seed: Callable[[], int], poisson: bool) -> None:
         self.requested_rate = sample_rate
-        self.seed = seed
+        self.mask_seed = mask_seed
         self.poisson = poisson
         self.sample_rate: float | None = None
         self.num_examples: int | None = None
@@ -64,6 +68,7 @@ class PoissonLoaderFactory:
 
     def _adopt(self, loader: object, world_size: int) -> None:
         self._measure(loader, world_size)
+        _check_uniform_shuffle(loader)
         self.steps_per_epoch = len(loader)
         rank_zero_warn(
             "DPCallback(poisson_sampling=False): batches are shuffled, not Poisson-sampled; the reported "
@@ -83,7 +88,7 @@ class PoissonLoaderFactory:
         self._measure(loader, world_size)
         self._check_sampler(loader)
         sampler = PoissonBatchSampler(
-            self.num_examples, self.sample_rate, seed=self.seed, rank=rank, world_size=world_size
+            self.num_examples, self.sample_rate, seed=self.mask_seed(), rank=rank, world_size=world_size
         )
         self.steps_per_epoch = len(sampler)
         return DataLoader(
@@ -121,6 +126,25 @@ class PoissonLoaderFactory:
                 f"{type(loader.batch_sampler).__name__}, which Poisson sampling would silently replace (a weighted "
                 "sampler changes the sample rate the accountant assumes); use a plain shuffled loader"
             )
+
+
+def _check_uniform_shuffle(loader: DataLoader) -> None:
+    """With ``poisson_sampling=False`` each example must appear at most once per epoch, in a uniform order."""
+    sampler = loader.sampler
+    uniform = (
+        type(sampler) is RandomSampler
+        and not sampler.replacement
+        and sampler._num_samples is None
+        and type(loader.batch_sampler) is BatchSampler
+    )
+    if not uniform:
+        raise MisconfigurationException(
+            f"DPCallback(poisson_sampling=False) needs a uniform shuffle without replacement, but the train loader "
+            f"uses {type(sampler).__name__} / {type(loader.batch_sampler).__name__}"
+            f"{' with replacement or num_samples' if isinstance(sampler, RandomSampler) else ''}: one example "
+            "could then appear several times per batch or epoch. Use DataLoader(..., shuffle=True), or let the "
+            "callback Poisson-sample (poisson_sampling=True)"
+        )
 
 
 def _trained_position(trainer: L.Trainer) -> tuple[int, int]:

@@ -35,8 +35,12 @@ def calibrate_noise_multiplier(
     steps: int,
     accountant: str = "rdp",
     rel_tol: float = 0.005,
+    history: Iterable[PrivacyEvent | Sequence[Any]] = (),
 ) -> float:
     """Noise multiplier whose ``steps`` steps at ``sample_rate`` spend at most ``target_epsilon`` at ``delta``.
+
+    With ``history`` (the events already recorded, e.g. by a resumed run), the bound holds for the composition of
+    ``history`` followed by the ``steps`` new steps.
 
     Doubles ``sigma`` from 1 until the target is met, then bisects (epsilon decreases in ``sigma``), like Opacus'
     ``get_noise_multiplier``. The result satisfies ``target_epsilon * (1 - rel_tol) <= epsilon(sigma) <=
@@ -58,8 +62,10 @@ def calibrate_noise_multiplier(
             "any noise spends epsilon 0; pass the number of planned steps"
         )
 
+    past = PrivacyLedger(history).history
+
     def epsilon_of(sigma: float) -> float:
-        return epsilon_for([(sigma, sample_rate, steps)], delta, accountant)
+        return epsilon_for([*past, (sigma, sample_rate, steps)], delta, accountant)
 
     lo, hi, eps_hi = 0.0, 1.0, epsilon_of(1.0)
     while eps_hi > target_epsilon:

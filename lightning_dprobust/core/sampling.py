@@ -5,10 +5,15 @@ may be zero. Under data parallelism all ranks draw the *same* global Bernoulli m
 rank keeps the selected indices ``rank::world_size``: the union over ranks is exactly one Poisson sample of the
 whole dataset, and every rank yields the same number of batches (empty ones included), so collectives never
 mismatch.
+
+Each mask comes from its own generator, seeded by :func:`derive_seed` from the sampler's seed, the epoch and the
+step, never from the global torch RNG: neither ``seed_everything`` nor an attack that reseeds the global RNG can
+change or reveal a mask. The seed itself is the caller's secret (``DPCallback`` draws it from the operating system).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import torch
@@ -24,7 +29,8 @@ class PoissonBatchSampler(Sampler[list[int]]):
         sample_rate: inclusion probability ``q`` of each example at each step.
         steps_per_epoch: number of batches per epoch; default ``max(1, round(1 / q))``, so one epoch sees each
             example once in expectation.
-        seed: seed of the shared mask generator; the mask of epoch ``e`` depends only on ``(seed, e)``.
+        seed: the shared secret of the masks (any non-negative int, e.g. 128 random bits); the mask of step ``s`` of
+            epoch ``e`` is a function of ``(seed, e, s)`` only.
         rank: this process' rank.
         world_size: number of data-parallel processes.
 
@@ -76,19 +82,23 @@ class PoissonBatchSampler(Sampler[list[int]]):
         return self.steps_per_epoch
 
     def __iter__(self) -> Iterator[list[int]]:
-        generator = torch.Generator().manual_seed(_mix(self.seed, self.epoch))
         skip = self._resume[1] if self._resume[0] == self.epoch else 0
         self._resume = (0, 0)
-        for step in range(self.steps_per_epoch):
+        for step in range(skip, self.steps_per_epoch):
+            generator = torch.Generator().manual_seed(derive_seed(self.seed, "mask", self.epoch, step))
             mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate
-            if step < skip:
-                continue
             selected = mask.nonzero().flatten()
             yield selected[self.rank :: self.world_size].tolist()
 
 
-def _mix(seed: int, epoch: int) -> int:
-    return (seed * 1_000_003 + epoch) % (2**63 - 1)
+def derive_seed(*keys: int | str) -> int:
+    """A 63-bit generator seed from ``keys`` (a secret first, then stream labels and counters), via BLAKE2b.
+
+    Distinct keys give unrelated seeds, so one secret feeds many independent streams (the mask of each step, the
+    noise of each step) and a stream is never replayed as long as its counter never repeats.
+    """
+    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class EmptySafeCollate:
@@ -118,4 +128,4 @@ def _slice_empty(batch):
     raise TypeError(f"cannot build an empty batch from an element of type {type(batch).__name__}")
 
 
-__all__ = ["EmptySafeCollate", "PoissonBatchSampler"]
+__all__ = ["EmptySafeCollate", "PoissonBatchSampler", "derive_seed"]

@@ -16,20 +16,7 @@ import torch
 from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import DPSGD
-from tests.helpers import quiet_trainer
-
-
-class ZeroGradient(DPSGD):
-    def per_example_loss(self, x, y):
-        return 0.0 * self(x).sum(dim=1)
-
-
-class GradientRecorder(L.Callback):
-    def __init__(self):
-        self.grads = []
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]).clone())
+from tests.helpers import GradientRecorder, ZeroGradient, quiet_trainer
 
 
 def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> None:
@@ -49,6 +36,8 @@ def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> N
     module = (ZeroGradient if zero_gradient else DPSGD)(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5)
     initial = torch.cat([p.detach().flatten() for p in module.parameters()])
     trainer.fit(module, DigitsDataModule(batch_size=batch_size))
+    sampler = callback.loaders._built.batch_sampler
+    sampler.set_epoch(0)  # this rank's shards of the first epoch's masks, drawn again from the same secret
     state = {
         "initial": initial,
         "grads": torch.stack(recorder.grads),
@@ -58,6 +47,7 @@ def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> N
         "sample_rate": callback.loaders.sample_rate,
         "steps": trainer.global_step,
         "world_size": trainer.world_size,
+        "first_epoch_batches": list(sampler),
     }
     torch.save(state, out_dir / f"rank{trainer.global_rank}.pt")
 

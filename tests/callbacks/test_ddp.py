@@ -1,4 +1,5 @@
-"""DDP with 2 gloo processes on CPU: replicas stay identical and the epsilon equals the single-process run."""
+"""DDP with 2 gloo processes on CPU: replicas stay identical, share one secret Poisson mask per step
+and the epsilon equals the single-process run."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def test_two_ranks_keep_identical_replicas_and_account_like_one_process(tmp_path
     assert ranks[0]["steps"] == single["steps"]
     assert ranks[0]["epsilon"] == single["epsilon"] > 0
     assert not torch.equal(ranks[0]["params"], ranks[0]["initial"])
+    # each rank draws a secret from the OS; rank 0's is broadcast, so the shards interleave one global mask per step
+    for first, second in zip(ranks[0]["first_epoch_batches"], ranks[1]["first_epoch_batches"], strict=True):
+        union = sorted(first + second)
+        assert (union[0::2], union[1::2]) == (first, second)
 
 
 def test_noise_is_added_once_for_the_global_batch(tmp_path):

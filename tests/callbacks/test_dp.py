@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.utils.data import DataLoader, WeightedRandomSampler
@@ -16,7 +16,7 @@ from lightning_dprobust.callbacks import DPCallback, StopReason
 from lightning_dprobust.callbacks.dp_checks import check_trainer
 from lightning_dprobust.core.accounting import PrivacyLedger
 from lightning_dprobust.methods import DPSGD
-from tests.helpers import digits, quiet_trainer
+from tests.helpers import GradientRecorder, ZeroGradient, digits, quiet_trainer
 
 N_TRAIN = 1293
 
@@ -24,21 +24,6 @@ N_TRAIN = 1293
 def dpsgd(**kwargs) -> DPSGD:
     torch.manual_seed(0)
     return DPSGD(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5, **kwargs)
-
-
-class ZeroGradient(DPSGD):
-    """Every example's loss is constant, so the clipped sum is exactly zero and only the noise remains."""
-
-    def per_example_loss(self, x, y):
-        return 0.0 * self(x).sum(dim=1)
-
-
-class GradientRecorder(Callback):
-    def __init__(self):
-        self.grads = []
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]).clone())
 
 
 @pytest.mark.parametrize(("noise_multiplier", "max_grad_norm"), [(1.0, 1.0), (2.0, 0.5)])
@@ -57,13 +42,15 @@ def test_zero_noise_huge_clip_fixed_batches_equals_non_private_training(tmp_path
     data = digits(batch_size=64)
     data.setup()
     subset = torch.utils.data.Subset(data.train_set, range(1280))
-    fixed = DataLoader(subset, batch_size=64, shuffle=False)
+
+    def fixed() -> DataLoader:  # the same shuffled batches each time it is called
+        return DataLoader(subset, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
 
     private, plain = dpsgd(), dpsgd()
     callback = DPCallback(max_grad_norm=1e9, noise_multiplier=0.0, poisson_sampling=False)
     with pytest.warns(UserWarning, match="approximation"):
-        quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(private, train_dataloaders=fixed)
-    quiet_trainer(tmp_path, max_epochs=1).fit(plain, train_dataloaders=fixed)
+        quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(private, train_dataloaders=fixed())
+    quiet_trainer(tmp_path, max_epochs=1).fit(plain, train_dataloaders=fixed())
     for a, b in zip(private.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert math.isinf(callback.epsilon())

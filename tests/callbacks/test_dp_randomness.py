@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dprobust.callbacks import DPCallback
-from lightning_dprobust.zoo_build import privacy_record, save_weights
+from lightning_dprobust.zoo.build import privacy_record, save_weights
 from tests.crash_helpers import batch_fingerprint
 from tests.helpers import GradientRecorder, ZeroGradient, digits, quiet_trainer
 

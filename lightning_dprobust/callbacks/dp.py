@@ -208,6 +208,8 @@ class DPCallback(Callback):
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.delta is None:  # no training step ran (e.g. limit_train_batches=0): nothing was released
+            return
         rank_zero_info(
             f"DPCallback: final epsilon={self.epsilon():.4f}, delta={self.delta:g}, accountant={self.accountant}, "
             f"steps={self.ledger.steps + self._zero_noise_steps}"

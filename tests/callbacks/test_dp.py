@@ -225,6 +225,8 @@ def test_delta_above_one_over_n_is_refused(tmp_path):
         ({"noise_multiplier": 1.0, "sample_rate": 1.5}, "sample_rate"),
         ({"noise_multiplier": 1.0, "accountant": "moments"}, "accountant"),
         ({"target_epsilon": -3.0}, "target_epsilon"),
+        ({"noise_multiplier": 1.0, "seed": -1}, "seed"),
+        ({"noise_multiplier": 1.0, "seed": "0"}, "seed"),
     ],
 )
 def test_bad_arguments_are_refused_with_their_name(kwargs, message):

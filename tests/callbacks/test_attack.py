@@ -18,6 +18,7 @@ from torchattacks.attack import Attack
 from lightning_dprobust.callbacks import AdversarialAugmentation, DPCallback
 from lightning_dprobust.callbacks import attack as attack_module
 from lightning_dprobust.methods import DPSGD
+from lightning_dprobust.robustness.separability import register_separable_attack
 from tests.helpers import digits, quiet_trainer
 
 EPS = 0.1
@@ -138,6 +139,9 @@ class LeakyAttack(Attack):
         for p in self.model.parameters():
             p.grad_sample = torch.zeros(1)
         return (images + 0.01 * images.grad.sign()).clamp(0, 1).detach()
+
+
+register_separable_attack(LeakyAttack, "one signed gradient step of the batch-mean loss")
 
 
 @pytest.mark.parametrize("attack_eval_mode", [True, False])

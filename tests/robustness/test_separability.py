@@ -18,7 +18,6 @@ from lightning_dprobust.robustness.separability import (
     register_separable_attack,
     training_attack,
 )
-from tests.helpers import trained_digits_classifier
 
 EPS = 0.1
 BATCH = 8
@@ -60,10 +59,8 @@ PER_EXAMPLE = {
 
 
 @pytest.fixture(scope="module")
-def trained():
-    model, x, y = trained_digits_classifier()
-    for p in model.parameters():
-        p.requires_grad_(False)
+def trained(digits_classifier):
+    model, x, y = digits_classifier
     return model, x[:BATCH], y[:BATCH]
 
 

@@ -82,8 +82,14 @@ class AttackRandomness:
 
 
 def seed_everything_quietly(seed: int) -> None:
-    """Seed the global torch (all devices), NumPy and Python RNGs; meant for use inside :func:`isolated_rng`."""
-    torch.manual_seed(seed)
+    """Seed the global torch (CPU and initialized CUDA devices), NumPy and Python RNGs; for use in :func:`isolated_rng`.
+
+    CUDA is seeded only when initialized: ``torch.manual_seed`` would otherwise queue the seed until CUDA starts,
+    outside the isolated block.
+    """
+    torch.random.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
 

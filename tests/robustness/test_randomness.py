@@ -99,3 +99,15 @@ def test_robust_accuracy_gives_an_attack_the_same_result_whatever_else_runs(trai
     assert torch.equal(outputs[0], outputs[1]) and alone["PGD"] == together["PGD"]
     robust_accuracy(model, (x, y), {"PGD": pgd}, seed=5)
     assert not torch.equal(outputs[0], outputs[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_attack_on_cuda_leaves_the_cuda_rng_as_it_found_it(trained):
+    model, x, y = trained
+    model, x, y = model.cuda(), x.cuda(), y.cuda()
+    apgd = torchattacks.APGD(model, eps=EPS, steps=2)  # calls torch.cuda.random.manual_seed
+    torch.cuda.manual_seed(11)
+    before = torch.cuda.get_rng_state()
+    AttackRandomness(0).run(apgd, x, y)
+    assert torch.equal(before, torch.cuda.get_rng_state())
+    model.cpu()

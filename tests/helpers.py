@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import DPSGD
+from lightning_dprobust.models import create_model
 
 
 def quiet_trainer(tmp_path, **kwargs) -> L.Trainer:
@@ -44,6 +46,25 @@ class GradientRecorder(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]).clone())
+
+
+def trained_digits_classifier() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """cnn_tanh trained non-privately on digits (about a second); returns (model in eval mode, test images, labels)."""
+    torch.manual_seed(0)
+    data = DigitsDataModule()
+    data.setup()
+    x, y = data.train_set.tensors
+    model = create_model("cnn_tanh", num_classes=10, input_shape=(1, 8, 8), mean=data.mean, std=data.std)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    order = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        for idx in torch.randperm(len(x), generator=order).split(64):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return model, *data.test_set.tensors
 
 
 def read_wandb_history(run_file) -> list[dict]:

@@ -261,6 +261,11 @@ def unknown_method(config: dict, folder: Path) -> None:
     config["model"]["class_path"] = "lightning_dprobust.methods.NoSuchMethod"
 
 
+def dpadv_with_autoattack(config: dict, folder: Path) -> None:
+    config["model"]["class_path"] = "lightning_dprobust.methods.DPAdv"
+    config["model"]["init_args"]["attack"] = "AutoAttack"
+
+
 CATALOGUE = [
     # privacy settings
     Bad("noise-negative", fit(dp(**NO_NOISE, noise_multiplier=-1.0)), r"noise_multiplier=-1.0\) must be a finite"),
@@ -296,6 +301,8 @@ CATALOGUE = [
     Bad("zero-batch-size", fit(section("data", batch_size=0)), r"batch_size and eval_batch_size must be >= 1"),
     Bad("unknown-method", fit(unknown_method), r"has no attribute 'NoSuchMethod'", usage=True),
     Bad("unknown-optimizer", fit(section("model", optimizer="rmsprop")), r"Got value: rmsprop", usage=True),
+    Bad("coupled-training-attack", fit(dpadv_with_autoattack),
+        r"DPAdv\(attack='AutoAttack'\): AutoAttack cannot run on private training data.*Train with PGD"),
     # command line and config syntax
     Bad("unknown-config-key", fit(section("model", learning_rate=0.1)), r"learning_rate", usage=True),
     Bad("config-value-of-wrong-type", fit(section("model", lr="fast")), r"float'>. Got value: fast", usage=True),

@@ -14,6 +14,8 @@ from torch import Tensor, nn
 from torchattacks.attack import Attack
 
 from lightning_dprobust.robustness.attacks import attack_guard
+from lightning_dprobust.robustness.randomness import AttackRandomness, attack_seed
+from lightning_dprobust.robustness.separability import training_attack
 
 AttackSpec = Callable[[nn.Module], Attack] | dict[str, Any]
 _MODES = ("replace", "group", "mix")
@@ -37,10 +39,16 @@ class AdversarialAugmentation(Callback):
       ``mix_fraction`` (StoBatch, Phan et al. 2020, https://arxiv.org/abs/1906.06449); the batch size is unchanged.
 
     Guarantees:
-        The batch size, and so what ``DPCallback`` samples and accounts, never changes; an empty batch passes
-        through unchanged. After each attack every submodule's train/eval mode is as before (a frozen eval
-        submodule stays eval), each parameter's ``requires_grad`` and ``.grad`` are as before (``None`` stays
-        ``None``), no ``grad_sample`` attribute is left on a parameter, and the returned tensors carry no graph.
+        Example ``i``'s adversarial view is a function of example ``i`` alone: the attack goes through
+        :func:`~lightning_dprobust.robustness.separability.training_attack`, which accepts example-separable attacks,
+        runs CW one example at a time and refuses attacks that couple a batch (APGD, FAB, Square, AutoAttack, ...) or
+        that it does not know. The attack draws from the callback's own stream (seeded by ``seed``) inside
+        :func:`~lightning_dprobust.robustness.randomness.isolated_rng`: the global torch, NumPy and Python RNGs are
+        exactly as before each attack, even for attacks that call ``torch.manual_seed``. The batch size, and so what
+        ``DPCallback`` samples and accounts, never changes; an empty batch passes through unchanged. After each attack
+        every submodule's train/eval mode is as before (a frozen eval submodule stays eval), each parameter's
+        ``requires_grad`` and ``.grad`` are as before (``None`` stays ``None``), no ``grad_sample`` attribute is left on
+        a parameter, and the returned tensors carry no graph.
 
     Assumptions:
         The module is a :class:`~lightning_dprobust.methods.base.ClassifierModule` (``train_input_transforms``,
@@ -59,7 +67,8 @@ class AdversarialAugmentation(Callback):
         attack_eval_mode: attack the model in eval mode (torchattacks' default). ``False`` runs it in training
             mode via ``set_model_training_mode(True, True, True)``, which torchattacks applies with
             ``model.train()`` (every submodule) during the attack; modes are restored afterwards either way.
-        seed: seed of the generator that picks the examples in ``"mix"`` mode.
+        seed: seed of the callback's streams: the attack's randomness (random starts) and the examples picked in
+            ``"mix"`` mode. Neither is secret: the privacy proof does not rely on them.
 
     Example:
         >>> import torchattacks
@@ -89,6 +98,7 @@ class AdversarialAugmentation(Callback):
         self.mix_fraction = float(mix_fraction)
         self.attack_eval_mode = attack_eval_mode
         self.generator = torch.Generator().manual_seed(seed)
+        self.randomness = AttackRandomness(attack_seed(seed, "AdversarialAugmentation"))
 
     # ----------------------------------------------------------------------------------------------- lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -114,10 +124,12 @@ class AdversarialAugmentation(Callback):
             transforms.remove(self._transform)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
+        return {"generator": self.generator.get_state(), "attack_randomness": self.randomness.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.generator.set_state(state_dict["generator"])
+        if "attack_randomness" in state_dict:
+            self.randomness.load_state_dict(state_dict["attack_randomness"])
 
     # ------------------------------------------------------------------------------------------- the transform
     def _build(self, pl_module: L.LightningModule) -> Attack:
@@ -139,7 +151,10 @@ class AdversarialAugmentation(Callback):
                 "LightningModule or one of its submodules; pass a factory (e.g. `lambda model: PGD(model, ...)`) so "
                 "that the attack is built on the module being trained"
             )
-        return attack
+        try:
+            return training_attack(attack)
+        except ValueError as error:
+            raise MisconfigurationException(f"AdversarialAugmentation: {error}") from error
 
     def _transform(self, module: L.LightningModule, inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         x, y, *rest = inputs
@@ -170,7 +185,7 @@ class AdversarialAugmentation(Callback):
         with attack_guard(module):
             if self.attack_eval_mode:
                 module.eval()
-            adversarial = self.attack(images, y.detach().repeat_interleave(views, dim=0)).detach()
+            adversarial = self.randomness.run(self.attack, images, y.detach().repeat_interleave(views, dim=0))
         return adversarial.view_as(x)
 
 

@@ -208,9 +208,10 @@ def _attack_names(requested: Sequence[str] | None) -> list[str]:
 
 def _build_attack(name: str, model: nn.Module, args: argparse.Namespace, n_classes: int) -> Attack:
     from lightning_dprobust.robustness.attacks import ATTACKS, build_attack
+    from lightning_dprobust.robustness.randomness import attack_seed
 
     accepted = inspect.signature(ATTACKS[name]).parameters
-    values = {"steps": args.steps, "n_classes": n_classes, "seed": args.seed}
+    values = {"steps": args.steps, "n_classes": n_classes, "seed": attack_seed(args.seed, name)}
     kwargs = {key: values[key] for key in _ATTACK_OPTIONS if key in accepted and values[key] is not None}
     return build_attack(name, model, args.eps, **kwargs)
 
@@ -226,8 +227,9 @@ def attack_command(argv: Sequence[str]) -> None:
     """``dprobust attack``: clean and robust accuracy (Madry et al. 2018, https://arxiv.org/abs/1706.06083).
 
     For each ``--ckpt`` and each ``--attack``, prints and writes ``<out>/<label>/attack.md`` (rows ``clean`` and one
-    per attack, accuracies in percent) and logs them to W&B. Attacks run independently on every example. The global
-    torch seed is set to ``--seed`` before each checkpoint, so PGD's random start is reproducible.
+    per attack, accuracies in percent) and logs them to W&B. Attacks run independently on every example. Each attack
+    draws from its own stream derived from ``--seed`` and its name (the same for every checkpoint), so PGD's random
+    start is reproducible and an attack's result does not depend on which other attacks are requested.
     """
     from lightning_dprobust.robustness.attacks import format_table, robust_accuracy
 
@@ -240,10 +242,9 @@ def attack_command(argv: Sequence[str]) -> None:
     dataset, num_classes = _load_split(args)
     out, metrics, written = Path(args.out), {}, []
     for label, model in models.items():
-        torch.manual_seed(args.seed)
         suite = {name: _build_attack(name, model, args, num_classes) for name in names}
         loader = DataLoader(dataset, batch_size=args.batch_size)
-        results = robust_accuracy(model, loader, suite, device=device, max_examples=args.max_examples)
+        results = robust_accuracy(model, loader, suite, device=device, max_examples=args.max_examples, seed=args.seed)
         table = format_table(results)
         print(f"\n{label}: {args.data}/{args.split}, eps={args.eps:g}\n\n{table}")
         written.append(write_text(table, out / label / "attack.md"))

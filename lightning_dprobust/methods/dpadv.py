@@ -19,13 +19,17 @@ from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.metrics import PaperCalibrationError
 from lightning_dprobust.robustness.attacks import attack_guard, build_attack
 from lightning_dprobust.robustness.multilabel import MultilabelFGSM
+from lightning_dprobust.robustness.randomness import AttackRandomness, attack_seed
+from lightning_dprobust.robustness.separability import training_attack
 
 
 class DPAdv(ClassifierModule):
     """Adversarial training inside DP-SGD: each sampled example is replaced by its adversarial version.
 
-    The attack (any of the suite: FGSM, PGD, PGDL2, BIM, MIFGSM, CW, AutoAttack) is ordinary, non-private
-    pre-processing run on the current model; privacy comes from ``DPCallback`` clipping each example's gradient at
+    The training attack is ordinary, non-private pre-processing run on the current model, one that makes example
+    ``i``'s adversarial view a function of example ``i`` alone: FGSM, PGD, PGDL2, BIM, MIFGSM, or CW (run one example
+    at a time); AutoAttack couples the examples of a batch and is refused for training (it stays available as
+    ``eval_attack``). Privacy comes from ``DPCallback`` clipping each example's gradient at
     its adversarial point and adding noise, so the guarantee is exactly that of DP-SGD (or DP-Adam with
     ``optimizer="adam"``) with the same sample rate, noise and steps (Bu et al., Section 3.3). The loss uses only
     the adversarial examples (no benign term), as in the paper's Algorithm 1.
@@ -33,7 +37,10 @@ class DPAdv(ClassifierModule):
     Evaluation reports natural accuracy (``acc``), robust accuracy under ``eval_attack`` (``robust_acc``), the
     negative log-likelihood (``loss``), the standard 15-bin expected calibration error (``ece``) and the paper's
     unweighted 20-bin variant (``paper_ece``). With ``multilabel=True`` (CelebA's 40 attributes) the loss is the
-    mean binary cross-entropy over labels and the metrics are per-attribute and mean accuracy.
+    mean binary cross-entropy over labels and the metrics are per-attribute and mean accuracy. Each evaluation batch
+    is attacked on its own stream (derived from the stage, the batch index and the attack's name) inside an isolated
+    RNG, so evaluation during ``fit`` never changes the random streams training sees, and its numbers do not depend
+    on what training drew.
 
     Args:
         attack: training attack name (see :func:`lightning_dprobust.robustness.attacks.build_attack`).
@@ -63,7 +70,10 @@ class DPAdv(ClassifierModule):
         self.save_hyperparameters()
         if multilabel and {attack.upper(), (eval_attack or attack).upper()} != {"FGSM"}:
             raise ValueError("multilabel=True supports attack='FGSM' only (FGSM on the BCE loss, as in DP-Adv)")
-        build_attack(attack, nn.Linear(1, 1), attack_eps, **(attack_kwargs or {}))  # fail fast on a bad name
+        try:  # fail fast on a bad name and on an attack that cannot run on private training data
+            training_attack(build_attack(attack, nn.Linear(1, 1), attack_eps, **(attack_kwargs or {})))
+        except ValueError as error:
+            raise ValueError(f"DPAdv(attack={attack!r}): {error}") from error
         self.eval_attack_name = eval_attack or attack
         self.eval_eps = attack_eps if eval_eps is None else eval_eps
         self.eval_attack_kwargs = eval_attack_kwargs if eval_attack is not None else (attack_kwargs or {})
@@ -102,13 +112,13 @@ class DPAdv(ClassifierModule):
             }
         )
 
-    def _evaluate_adversarially(self, batch: Any, stage: str) -> None:
+    def _evaluate_adversarially(self, batch: Any, batch_idx: int, stage: str) -> None:
         x, y = batch
         metrics = self.metrics[stage]
         logits = self(x)
         metrics["loss"].update(self.per_example_loss(x, y))
         metrics["acc"].update(logits, y)
-        metrics["robust_acc"].update(self(self._attack_for_evaluation(x, y)), y)
+        metrics["robust_acc"].update(self(self._attack_for_evaluation(x, y, f"{stage}/{batch_idx}")), y)
         if self.hparams.multilabel:
             metrics["attribute_acc"].update(logits, y)
         else:
@@ -125,19 +135,21 @@ class DPAdv(ClassifierModule):
             self.log_dict({f"test/attribute_acc/{i}": acc for i, acc in enumerate(per_attribute)})
             self.metrics["test"]["attribute_acc"].reset()
 
-    def _attack_for_evaluation(self, x: Tensor, y: Tensor) -> Tensor:
-        """Adversarial inputs for evaluation; escapes Lightning's inference mode, restores every module mode."""
+    def _attack_for_evaluation(self, x: Tensor, y: Tensor, where: str) -> Tensor:
+        """Adversarial inputs for evaluation on the stream of ``where`` (stage and batch index), in an isolated RNG;
+        escapes Lightning's inference mode, restores every module mode."""
         if x.shape[0] == 0:
             return x
         attack = _named_attack(self.eval_attack_name, self.eval_eps, self.eval_attack_kwargs, self)
+        randomness = AttackRandomness(attack_seed(0, f"{where}/{self.eval_attack_name}"))
         with torch.inference_mode(False), torch.enable_grad(), attack_guard(self):
-            return attack(x.clone(), y.clone()).detach()
+            return randomness.run(attack, x.clone(), y.clone())
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate_adversarially(batch, "val")
+        self._evaluate_adversarially(batch, batch_idx, "val")
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate_adversarially(batch, "test")
+        self._evaluate_adversarially(batch, batch_idx, "test")
 
 
 def _named_attack(name: str, eps: float, kwargs: dict[str, Any], model: nn.Module) -> Attack:

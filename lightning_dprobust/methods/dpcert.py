@@ -113,8 +113,15 @@ class DPCert(ClassifierModule):
         return min(hp.smoothadv_eps, (self.current_epoch + 1) * hp.smoothadv_eps / warmup)
 
     def _smoothadv(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """SmoothAdv points ``x'`` and the noise draws ``[B, K, ...]`` the attack used (reused for the views)."""
+        """SmoothAdv points ``x'`` and the noise draws ``[B, K, ...]`` the attack used (reused for the views).
+
+        The attack goes through the separability check of every attack on training data and draws only from its own
+        generator, run in an isolated RNG; its seed is one draw of the global RNG per batch, so ``seed_everything``
+        makes a run reproducible.
+        """
         from lightning_dprobust.robustness.attacks import SmoothAdv, preserve_modes
+        from lightning_dprobust.robustness.randomness import isolated_rng
+        from lightning_dprobust.robustness.separability import training_attack
 
         hp = self.hparams
         if x.shape[0] == 0:  # an empty Poisson batch: nothing to attack
@@ -129,8 +136,8 @@ class DPCert(ClassifierModule):
             num_noise=hp.num_augmentations,
             generator=generator,
         )
-        with preserve_modes(self), torch.enable_grad():
-            adversarial = attack(x.detach(), y)
+        with preserve_modes(self), torch.enable_grad(), isolated_rng():
+            adversarial = training_attack(attack)(x.detach(), y)
         return adversarial.detach(), attack.last_noise.detach()
 
     # ------------------------------------------------------------------------------------------------ losses

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torchattacks.attack import Attack
 
 from lightning_dprobust.metrics import RobustAccuracy
+from lightning_dprobust.robustness.randomness import AttackRandomness, attack_seed
 from lightning_dprobust.robustness.reports import markdown_table
 
 AttackBuilder = Callable[..., Attack]
@@ -51,8 +52,10 @@ def _iterative(cls: type[Attack], step_rule: Callable[[float, int], float]) -> A
     return build
 
 
-def _cw(model: nn.Module, eps: float, **kwargs: Any) -> Attack:
-    return torchattacks.CW(model, **kwargs)
+def _cw(model: nn.Module, eps: float, steps: int = 50, c: float = 1.0, kappa: float = 0.0, lr: float = 0.01) -> Attack:
+    if steps < 1:
+        raise ValueError(f"CW needs steps >= 1, got {steps}")
+    return torchattacks.CW(model, c=c, kappa=kappa, steps=steps, lr=lr)
 
 
 def _autoattack(
@@ -113,7 +116,8 @@ def build_attack(name: str, model: nn.Module, eps: float, **kwargs: Any) -> Atta
                       ``decay=1.0``
     CW         L2     Carlini and Wagner 2017, https://arxiv.org/abs/1608.04644; minimizes the perturbation size
                       instead of using a budget, so ``eps`` is **ignored**; ``c=1``, ``kappa=0``, ``steps=50``,
-                      ``lr=0.01``
+                      ``lr=0.01``; its early stop looks at the batch-summed cost, so on training data it runs one
+                      example at a time (:mod:`lightning_dprobust.robustness.separability`)
     AutoAttack Linf   Croce and Hein 2020, https://arxiv.org/abs/2003.01690; ``version`` ``"standard"`` (APGD-CE,
                       APGD-T, FAB-T, Square with 5,000 queries: slow), ``"plus"``, ``"rand"``, or ``"custom"``
                       with ``attacks_to_run`` (subset of ``apgd-ce, apgd-dlr, apgd-t, fab-t, square``), ``steps``
@@ -187,11 +191,14 @@ def robust_accuracy(
     device: str | torch.device = "cpu",
     max_examples: int | None = None,
     batch_size: int = 256,
+    seed: int = 0,
 ) -> dict[str, float]:
     """Clean accuracy and accuracy under each attack (Madry et al. 2018, https://arxiv.org/abs/1706.06083).
 
     Each attack is run on every example, independently of the others (no worst case over attacks). Accuracy is
-    counted with :class:`~lightning_dprobust.metrics.RobustAccuracy`.
+    counted with :class:`~lightning_dprobust.metrics.RobustAccuracy`. Each attack draws from its own stream, seeded by
+    :func:`~lightning_dprobust.robustness.randomness.attack_seed` from ``seed`` and its name, in an isolated RNG: its
+    result depends neither on the other attacks requested nor on the global RNG, which it leaves untouched.
 
     Args:
         model: maps ``[0, 1]`` images to logits; it is moved to ``device`` and evaluated in eval mode, and its
@@ -202,6 +209,7 @@ def robust_accuracy(
         device: where to run.
         max_examples: stop after this many examples.
         batch_size: chunk size when ``data`` is a pair of tensors.
+        seed: seed from which each attack's stream is derived.
 
     Returns:
         ``{"clean": ..., name: ...}`` accuracies in ``[0, 1]`` (``nan`` without examples).
@@ -210,6 +218,7 @@ def robust_accuracy(
     model.to(device)
     suite = _resolve_attacks(model, attacks, eps)
     metrics = {name: RobustAccuracy().to(device) for name in ("clean", *suite)}
+    streams = {name: AttackRandomness(attack_seed(seed, name)) for name in suite}
     for attack in suite.values():
         attack.set_device(device)
     with attack_guard(model):
@@ -219,7 +228,7 @@ def robust_accuracy(
             with torch.no_grad():
                 metrics["clean"].update(model(images), labels)
             for name, attack in suite.items():
-                adversarial = attack(images, labels).detach()
+                adversarial = streams[name].run(attack, images, labels)
                 with torch.no_grad():
                     metrics[name].update(model(adversarial), labels)
     return {name: metric.compute().item() for name, metric in metrics.items()}

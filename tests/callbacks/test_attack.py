@@ -18,6 +18,7 @@ from torchattacks.attack import Attack
 from lightning_dprobust.callbacks import AdversarialAugmentation, DPCallback
 from lightning_dprobust.callbacks import attack as attack_module
 from lightning_dprobust.methods import DPSGD
+from lightning_dprobust.robustness.separability import PerExampleAttack, register_separable_attack
 from tests.helpers import digits, quiet_trainer
 
 EPS = 0.1
@@ -140,6 +141,9 @@ class LeakyAttack(Attack):
         return (images + 0.01 * images.grad.sign()).clamp(0, 1).detach()
 
 
+register_separable_attack(LeakyAttack, "one signed gradient step of the batch-mean loss")
+
+
 @pytest.mark.parametrize("attack_eval_mode", [True, False])
 def test_a_careless_attack_leaves_no_trace(attack_eval_mode):
     module = make_module()
@@ -224,6 +228,36 @@ def test_bad_configurations_are_refused():
     callback, transform = attached(pgd(module), module)  # built on the module itself: accepted
     with pytest.raises(ValueError, match="expects images"):
         transform(module, (torch.rand(2, 8, 8), torch.zeros(2, dtype=torch.long)))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda m: torchattacks.PGD(m, eps=EPS, steps=2),  # draws its random start from the global RNG
+        lambda m: PerExampleAttack(torchattacks.APGD(m, eps=EPS, steps=2)),  # reseeds the global RNG at every run
+    ],
+    ids=["PGD", "PerExample-APGD"],
+)
+def test_the_attack_leaves_the_global_rng_as_it_found_it_and_draws_from_the_callbacks_stream(build):
+    module = make_module()
+    x, y = torch.rand(4, 1, 8, 8), torch.arange(4)
+    outputs = []
+    for global_seed in (1, 2):
+        callback, transform = attached(build, module, seed=3)
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        outputs.append(transform(module, (x, y))[0])
+        assert torch.equal(before, torch.get_rng_state())
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)  # the callback's stream, not the global one
+    assert set(callback.state_dict()) == {"generator", "attack_randomness"}
+
+
+def test_attacks_that_couple_a_batch_are_refused_and_cw_runs_one_example_at_a_time():
+    module = make_module()
+    with pytest.raises(MisconfigurationException, match="APGD cannot run on private training data.*PerExampleAttack"):
+        attached(lambda m: torchattacks.APGD(m, eps=EPS), module)
+    callback, _ = attached(lambda m: torchattacks.CW(m, steps=2), make_module())
+    assert isinstance(callback.attack, PerExampleAttack)
 
 
 def test_docstring_example_runs():

@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import torchattacks
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dprobust.cli import main
@@ -171,3 +172,38 @@ def test_bad_attack_flags_exit_2_naming_the_flag(checkpoints, tmp_path, capsys, 
     assert main(["attack", "--ckpt", str(checkpoints[1]), *flags, "--out", str(tmp_path / "out"), "--no-wandb"]) == 2
     message = capsys.readouterr().err
     assert named in message and "Traceback" not in message
+
+
+def attack_outputs(monkeypatch, cls) -> list[torch.Tensor]:
+    """Every adversarial batch ``cls`` returns from now on."""
+    outputs, forward = [], cls.forward
+
+    def recording(self, images, labels):
+        outputs.append(forward(self, images, labels))
+        return outputs[-1]
+
+    monkeypatch.setattr(cls, "forward", recording)
+    return outputs
+
+
+def test_an_attack_gives_the_same_views_whatever_other_attacks_are_requested(checkpoints, tmp_path, monkeypatch):
+    outputs = attack_outputs(monkeypatch, torchattacks.PGD)
+    common = ["--ckpt", str(checkpoints[1]), "--eps", "0.1", "--steps", "2", "--max-examples", "32", "--no-wandb"]
+    for others in ([], ["--attack", "PGDL2", "--attack", "FGSM"]):
+        assert main(["attack", *common, *others, "--attack", "PGD", "--out", str(tmp_path / str(len(others)))]) == 0
+    assert len(outputs) == 2 and torch.equal(outputs[0], outputs[1])
+    assert main(["attack", *common, "--attack", "PGD", "--seed", "1", "--out", str(tmp_path / "seed1")]) == 0
+    assert not torch.equal(outputs[0], outputs[2])
+
+
+def test_cw_honours_steps(checkpoints, tmp_path, monkeypatch):
+    steps, init = [], torchattacks.CW.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        steps.append(self.steps)
+
+    monkeypatch.setattr(torchattacks.CW, "__init__", recording)
+    flags = ["--attack", "CW", "--steps", "3", "--max-examples", "8", "--no-wandb", "--out", str(tmp_path)]
+    assert main(["attack", "--ckpt", str(checkpoints[1]), *flags]) == 0
+    assert steps == [3]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_dprobust.callbacks import DPCallback
+from lightning_dprobust.callbacks import AdversarialAugmentation, DPCallback
 from lightning_dprobust.methods import DPSGD, DPAdv
+from lightning_dprobust.robustness.separability import PerExampleAttack
 from tests.helpers import digits, quiet_trainer
 
 SHAPE = {"model": "cnn_tanh", "num_classes": 10, "input_shape": (1, 8, 8), "lr": 0.5}
@@ -89,8 +91,58 @@ def test_multilabel_uses_bce_and_reports_per_attribute_accuracy(tmp_path):
         ({"attack": "NoSuchAttack"}, "NoSuchAttack"),
         ({"attack_eps": -0.1}, "attack_eps"),
         ({"attack": "PGD", "multilabel": True}, "FGSM"),
+        ({"attack": "AutoAttack"}, r"DPAdv\(attack='AutoAttack'\): AutoAttack cannot run on private training data"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DPAdv(**(SHAPE | kwargs))
+
+
+class ValidationRandomness(Callback):
+    """Records whether each validation batch left the global torch RNG as it found it."""
+
+    def __init__(self):
+        self.untouched = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.state = torch.get_rng_state()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.untouched.append(torch.equal(self.state, torch.get_rng_state()))
+
+
+def fit_with_evaluation_attack(tmp_path, eval_attack: str, **eval_kwargs):
+    torch.manual_seed(0)
+    module = DPAdv(
+        attack="PGD", attack_kwargs={"steps": 1}, eval_attack=eval_attack, eval_attack_kwargs=eval_kwargs, **SHAPE
+    )
+    recorder = ValidationRandomness()
+    L.seed_everything(7)
+    callback = DPCallback(max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5, seed=0)  # the same masks and noise
+    trainer = quiet_trainer(
+        tmp_path, max_steps=4, val_check_interval=1, limit_val_batches=1, callbacks=[callback, recorder]
+    )
+    trainer.fit(module, digits(batch_size=64))
+    return module, recorder
+
+
+def test_an_autoattack_evaluation_during_fit_leaves_the_training_randomness_alone(tmp_path):
+    """APGD reseeds the global RNG at every run: without isolation, whatever training draws from the global RNG
+    after a validation (the DP noise where it comes from that RNG, dropout, augmentations) would be replayed, and
+    training would differ from a run evaluated with FGSM."""
+    cheap = {"version": "custom", "attacks_to_run": ["apgd-ce"], "steps": 2}
+    auto, auto_recorder = fit_with_evaluation_attack(tmp_path, "AutoAttack", **cheap)
+    fgsm, _ = fit_with_evaluation_attack(tmp_path, "FGSM")
+    assert len(auto_recorder.untouched) == 4 and all(auto_recorder.untouched)
+    for a, b in zip(auto.model.parameters(), fgsm.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_cw_training_runs_one_example_at_a_time():
+    module = DPAdv(attack="CW", attack_kwargs={"steps": 2}, **SHAPE)
+    (augmentation,) = module.configure_callbacks()
+    assert isinstance(augmentation, AdversarialAugmentation)
+    augmentation.setup(None, module, "fit")
+    assert isinstance(augmentation.attack, PerExampleAttack)
+    assert type(augmentation.attack.inner).__name__ == "CW" and augmentation.attack.inner.steps == 2

@@ -13,7 +13,6 @@ import torchattacks
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.models import create_model
 from lightning_dprobust.robustness.attacks import (
     ATTACKS,
@@ -25,6 +24,7 @@ from lightning_dprobust.robustness.attacks import (
     robust_accuracy,
     smoothed_cross_entropy,
 )
+from tests.helpers import trained_digits_classifier
 
 LINF_EPS, L2_EPS = 0.1, 0.5
 CHEAP_AUTOATTACK = dict(version="custom", attacks_to_run=["apgd-ce", "apgd-t"], steps=5)
@@ -32,22 +32,7 @@ CHEAP_AUTOATTACK = dict(version="custom", attacks_to_run=["apgd-ce", "apgd-t"], 
 
 @pytest.fixture(scope="module")
 def trained():
-    """cnn_tanh trained non-privately on digits (about a second); returns (model, test images, test labels)."""
-    torch.manual_seed(0)
-    data = DigitsDataModule()
-    data.setup()
-    x, y = data.train_set.tensors
-    model = create_model("cnn_tanh", num_classes=10, input_shape=(1, 8, 8), mean=data.mean, std=data.std)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    order = torch.Generator().manual_seed(0)
-    for _ in range(8):
-        for idx in torch.randperm(len(x), generator=order).split(64):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    model.eval()
-    return model, *data.test_set.tensors
+    return trained_digits_classifier()
 
 
 def accuracy(model, x, y) -> float:

@@ -25,7 +25,8 @@ from lightning_dprobust.core.accounting import (
     default_delta,
 )
 from lightning_dprobust.core.calibration import calibrate_noise_multiplier, max_steps_within_budget
-from lightning_dprobust.core.per_sample import CLIPPING_RULES, PerExampleClipper, gaussian_noise_like
+from lightning_dprobust.core.engines import ENGINES, build_clipper
+from lightning_dprobust.core.per_sample import CLIPPING_RULES, gaussian_noise_like
 
 
 class StopReason(enum.Enum):
@@ -76,6 +77,9 @@ class DPCallback(Callback):
         clipping: ``"flat"`` (``min(1, C/||g||)``), ``"psac"`` or ``"automatic"``; each bounds every example's
             contribution by ``C`` (see :func:`lightning_dprobust.core.per_sample.clip_factors`).
         seed: seed of the Poisson sampler.
+        engine: per-example clipping engine: ``"vmap"`` (``torch.func``, any model), ``"ghost"`` (ghost norms and
+            book-keeping, close to non-private cost) or ``"auto"`` (ghost when every layer has a rule); the choice
+            is logged. Same guarantee either way (see :mod:`lightning_dprobust.core.engines`).
 
     Example:
         >>> from lightning_dprobust.callbacks import DPCallback
@@ -95,12 +99,16 @@ class DPCallback(Callback):
         max_physical_batch_size: int | None = None,
         clipping: str = "flat",
         seed: int = 0,
+        engine: str = "auto",
     ) -> None:
         _validate_arguments(
             max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate
         )
         if clipping not in CLIPPING_RULES:
             raise MisconfigurationException(f"DPCallback(clipping={clipping!r}) must be one of {CLIPPING_RULES}")
+        if engine not in ENGINES:
+            raise MisconfigurationException(f"DPCallback(engine={engine!r}) must be one of {ENGINES}")
+        self.engine = engine
         self.clipping = clipping
         self.max_grad_norm = float(max_grad_norm)
         self.noise_multiplier = noise_multiplier
@@ -114,7 +122,7 @@ class DPCallback(Callback):
         self.ledger = PrivacyLedger()
         self.stop_reason: StopReason | None = None
         self._budget_steps: int | None = None
-        self._clipper: PerExampleClipper | None = None
+        self._clipper = None
         self._world_size = 1
         self._rank = 0
         self._zero_noise_steps = 0
@@ -128,9 +136,10 @@ class DPCallback(Callback):
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         self.loaders.attach(trainer, pl_module)
         guard_single_optimizer(pl_module)
-        self._clipper = PerExampleClipper(
-            pl_module, "per_example_loss", self.max_grad_norm, self.max_physical_batch_size, self.clipping
+        self._clipper, choice = build_clipper(
+            self.engine, pl_module, "per_example_loss", self.max_grad_norm, self.max_physical_batch_size, self.clipping
         )
+        rank_zero_info(f"DPCallback: per-example clipping engine: {choice}")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.loaders.check_train_loader(trainer.train_dataloader, self._world_size)

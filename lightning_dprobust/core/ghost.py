@@ -44,7 +44,6 @@ from lightning_dprobust.core.ghost_layers import (
     TokenRule,
 )
 from lightning_dprobust.core.per_sample import (
-    CLIPPING_RULES,
     ClippedSum,
     PerExampleClipper,
     clip_factors,
@@ -149,7 +148,9 @@ class GhostClipper:
         self.on_mismatch = on_mismatch
         self.rules, self.fallback_names = plan_rules(module)
         self._fallback = (
-            PerExampleClipper(module, loss_method, max_grad_norm, clipping=clipping, parameter_names=self.fallback_names)
+            PerExampleClipper(
+                module, loss_method, max_grad_norm, clipping=clipping, parameter_names=self.fallback_names
+            )
             if self.fallback_names
             else None
         )

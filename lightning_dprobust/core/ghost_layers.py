@@ -77,6 +77,8 @@ class LinearRule(LayerRule):
             a, g = self._rows(call)
             acts.append(group_rows(a, examples).flatten(1, 2))
             grads.append(group_rows(g, examples).flatten(1, 2))
+        if len(acts) == 1:
+            return acts[0], grads[0]
         return torch.cat(acts, dim=1), torch.cat(grads, dim=1)
 
     def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:

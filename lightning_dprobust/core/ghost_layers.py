@@ -154,7 +154,7 @@ class MaterializedRule(LayerRule):
 
     def sq_norms(self, examples: int) -> Tensor:
         self._cache = self._per_example(examples)
-        return sum(g.flatten(1).square().sum(dim=1) for g in self._cache.values())
+        return sum(g.reshape(examples, -1).square().sum(dim=1) for g in self._cache.values())
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         grads = self._cache

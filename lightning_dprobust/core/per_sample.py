@@ -173,7 +173,7 @@ class PerExampleClipper:
 
 def per_example_norms(grads: Mapping[str, Tensor]) -> Tensor:
     """Flat L2 norm over all parameters of each example's gradient: ``[B]`` from ``name -> [B, *shape]``."""
-    norms = [torch.linalg.vector_norm(g.flatten(start_dim=1), dim=1) for g in grads.values()]
+    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in grads.values()]
     return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)
 
 

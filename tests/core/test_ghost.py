@@ -12,7 +12,7 @@ from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rul
 from lightning_dprobust.core.ghost_layers import Conv2dRule, LinearRule, MaterializedRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.evaluation.attacks import build_attack
-from lightning_dprobust.methods import DPAdv, DPCert, DPSGD
+from lightning_dprobust.methods import DPSGD, DPAdv, DPCert
 
 MODELS = {
     "cnn_tanh": ((1, 14, 14), {}),

@@ -119,12 +119,67 @@ def weight_sq_norms(a: Tensor, g: Tensor) -> Tensor:
 
 
 class Conv2dRule(LinearRule):
-    """``nn.Conv2d`` (``groups=1``, zero padding): unfolded into a linear map over output positions."""
+    """``nn.Conv2d`` (``groups=1``, zero padding): unfolded into a linear map over output positions for the norms;
+    the clipped sum is the convolution's own weight gradient of the scaled output gradients (no unfolded copy)."""
 
     def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
         conv = self.module
         cols = F.unfold(call.inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
         return cols.transpose(1, 2), call.grad.flatten(2).transpose(1, 2)
+
+    def sq_norms(self, examples: int) -> Tensor:
+        """Materialized weight norms by one grouped weight-gradient convolution (examples as groups) when that is
+        the cheaper side of the mixed rule and the layer ran once; otherwise the unfolded linear-map route."""
+        conv = self.module
+        if len(self.calls) != 1 or "weight" not in self.names:
+            return super().sq_norms(examples)
+        call = self.calls[0]
+        positions = call.grad[0].flatten(1).shape[1] * (call.grad.shape[0] // max(examples, 1))
+        d, p = conv.weight[0].numel(), conv.out_channels
+        if positions * (d + p) < d * p:
+            return super().sq_norms(examples)
+        self._cache = None
+        x = group_rows(call.inputs, examples).transpose(0, 1).flatten(1, 2)  # [k, B C, H, W]
+        g = group_rows(call.grad, examples).transpose(0, 1).flatten(1, 2)
+        weight = conv.weight.detach().repeat(examples, 1, 1, 1)
+        per_example = self._weight_grad(g, x, weight, examples, (True, False))[0].view(examples, -1)
+        total = per_example.square().sum(dim=1)
+        if "bias" in self.names:
+            total = total + group_rows(call.grad, examples).sum(dim=(1, 3, 4)).square().sum(dim=1)
+        return total
+
+    def _weight_grad(
+        self, grad: Tensor, inputs: Tensor, weight: Tensor, groups: int, mask: tuple[bool, bool]
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``(weight, bias)`` gradients of the convolution (``mask`` says which) summed over the batch dim."""
+        conv = self.module
+        _, w, b = torch.ops.aten.convolution_backward(
+            grad,
+            inputs,
+            weight,
+            [weight.shape[0]],
+            conv.stride,
+            conv.padding,
+            conv.dilation,
+            False,
+            [0, 0],
+            groups,
+            [False, *mask],
+        )
+        return w, b
+
+    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        del self._cache
+        conv, out = self.module, {}
+        for call in self.calls:
+            rows = factors.to(call.grad.dtype).repeat_interleave(call.grad.shape[0] // factors.shape[0])
+            scaled = call.grad * rows[:, None, None, None]
+            mask = ("weight" in self.names, "bias" in self.names)
+            weight, bias = self._weight_grad(scaled, call.inputs, conv.weight.detach(), 1, mask)
+            for local, grad in (("weight", weight), ("bias", bias)):
+                if local in self.names:
+                    out[self.names[local]] = out.get(self.names[local], 0) + grad
+        return out
 
     @staticmethod
     def supports(conv: nn.Conv2d) -> bool:

@@ -12,8 +12,9 @@ the table reports the median ratio over rounds with its min-max. Modes:
 * ``Opacus ew`` / ``Opacus ghost``: Opacus 1.6 ExpandedWeights and ghost clipping with their DP optimizers, the
   usual hand-written loop; a crash is reported as such (timm ResNets: in-place residual adds, opacus #828).
 
-Memory: ``step MB`` is the step's working memory, the peak resident set (CPU) or peak allocated memory (CUDA) during
-the timed steps minus the same measure before the first step; the memory ratio divides it by non-private's.
+Memory: ``step MB`` is the step's working memory, the peak resident set (CPU) or peak allocated memory (CUDA) over
+all steps (warm-up included) minus the same measure once the model and the batch exist; the memory ratio divides it
+by non-private's.
 
 Usage: ``python benchmarks/dp_overhead.py [--cases cnn_tanh/b256 ...] [--rounds 5] [--steps 3] [--device cpu]``
 """
@@ -116,11 +117,11 @@ def _worker(case: str, mode: str, device: str, connection) -> None:
     warnings.filterwarnings("ignore")
     try:
         step = _build_step(case, mode, device)
-        step()  # warm-up; also fails fast for an engine that cannot run this model
         if device.startswith("cuda"):
-            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        connection.send({"ok": True, "base": _memory_mb(device)})
+        base = torch.cuda.memory_allocated() / 2**20 if device.startswith("cuda") else _memory_mb(device)
+        step()  # warm-up, counted in the peak; also fails fast for an engine that cannot run this model
+        connection.send({"ok": True, "base": base})
     except Exception as error:  # report any engine's crash as a table entry, not a benchmark failure
         connection.send({"ok": False, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"})
         return

@@ -227,8 +227,12 @@ class TokenRule(LayerRule):
 
     @staticmethod
     def supports(vit: nn.Module) -> bool:
+        """timm's own ``_pos_embed`` (subclasses that override it, e.g. distilled DeiT, are not covered)."""
+        from timm.models.vision_transformer import VisionTransformer
+
         return (
-            getattr(vit, "pos_embed", None) is not None
+            getattr(type(vit), "_pos_embed", None) is VisionTransformer._pos_embed
+            and vit.pos_embed is not None
             and not getattr(vit, "dynamic_img_size", True)
             and isinstance(getattr(vit, "pos_drop", None), nn.Module)
         )

@@ -136,6 +136,15 @@ def _worker(case: str, mode: str, device: str, connection) -> None:
         connection.send({"times": times, "peak": _memory_mb(device)})
 
 
+def _receive(process, pipe) -> dict:
+    """The worker's next reply, or an error entry when it died (e.g. killed for memory)."""
+    try:
+        return pipe.recv()
+    except EOFError:
+        process.join()
+        return {"ok": False, "error": f"worker died (exit code {process.exitcode}; -9: killed, e.g. out of memory)"}
+
+
 def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, device: str) -> dict[str, dict]:
     """Interleaved rounds of every mode of one case; per mode: step times per round, memory, or the error."""
     context = mp.get_context("spawn")
@@ -145,7 +154,7 @@ def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, dev
         started[mode] = (context.Process(target=_worker, args=(case, mode, device, child)), parent)
         started[mode][0].start()
     for mode, (process, parent) in started.items():
-        ready = parent.recv()
+        ready = _receive(process, parent)
         if ready["ok"]:
             workers[mode] = (process, parent)
             results[mode] = {"base": ready["base"], "rounds": [], "peak": ready["base"]}
@@ -155,13 +164,19 @@ def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, dev
     order = list(workers)
     for r in range(rounds):
         for mode in order[r % len(order) :] + order[: r % len(order)]:
+            if "error" in results[mode]:
+                continue
             process, pipe = workers[mode]
             pipe.send(steps)
-            reply = pipe.recv()
+            reply = _receive(process, pipe)
+            if not reply.get("ok", True):
+                results[mode] = {"error": reply["error"]}
+                continue
             results[mode]["rounds"].append(statistics.median(reply["times"]))
             results[mode]["peak"] = max(results[mode]["peak"], reply["peak"])
-    for process, pipe in workers.values():
-        pipe.send(None)
+    for mode, (process, pipe) in workers.items():
+        if "error" not in results[mode]:
+            pipe.send(None)
         process.join()
     return results
 

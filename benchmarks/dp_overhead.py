@@ -1,178 +1,230 @@
-"""DP-SGD overhead: step time of DP training / non-DP training, and peak memory, measured in one run.
+"""DP-SGD overhead: step time and peak memory of each DP engine relative to non-private training, in one run.
 
-Each (model, mode) runs in a fresh process so that its peak resident memory (CPU) or peak allocated memory
-(CUDA) is its own. Modes:
+Every (case, mode) lives in its own worker process, so that its peak memory is its own; the parent interleaves the
+modes in ``--rounds`` rounds (the order rotates each round) so that a slow spell of a shared machine hits every
+mode alike. Each round's ratio is the DP mode's median step time over the non-private median of the same round;
+the table reports the median ratio over rounds with its min-max. Modes:
 
-* ``non-DP``: the same LightningModule and Trainer without ``DPCallback``;
-* ``DP (ours)``: ``DPCallback`` (Poisson sampling, torch.func per-example clipping, noise, accounting);
-* ``Opacus hooks``: for reference, a plain PyTorch loop over Opacus 1.6 ``GradSampleModule`` (hooks mode) with
-  ``DPOptimizer``, the usual hand-written setup; a crash is reported as such.
+* ``non-DP``: ``per_example_loss(x, y).mean().backward()`` and an SGD step;
+* ``ghost`` / ``vmap``: our engines (``core/engines.py``): clipped per-example sum, Gaussian noise, division by
+  the batch size, SGD step (the computation of ``DPCallback.private_step``; Poisson sampling is data loading and
+  not timed);
+* ``Opacus ew`` / ``Opacus ghost``: Opacus 1.6 ExpandedWeights and ghost clipping with their DP optimizers, the
+  usual hand-written loop; a crash is reported as such (timm ResNets: in-place residual adds, opacus #828).
 
-Usage: ``python benchmarks/dp_overhead.py [--steps 10] [--warmup 2] [--device cpu]``
+Memory: ``step MB`` is the step's working memory, the peak resident set (CPU) or peak allocated memory (CUDA) over
+all steps (warm-up included) minus the same measure once the model and the batch exist; the memory ratio divides it
+by non-private's.
+
+Usage: ``python benchmarks/dp_overhead.py [--cases cnn_tanh/b256 ...] [--rounds 5] [--steps 3] [--device cpu]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import multiprocessing as mp
 import resource
+import statistics
 import time
 import warnings
 
 import torch
 
-CASES = {"cnn_tanh": ((1, 28, 28), 256), "timm/resnet18": ((3, 32, 32), 64)}
-MODES = ("non-DP", "DP (ours)", "Opacus hooks")
+#: name -> (model, input shape, batch size, model kwargs)
+CASES = {
+    "cnn_tanh/b64": ("cnn_tanh", (1, 28, 28), 64, {}),
+    "cnn_tanh/b256": ("cnn_tanh", (1, 28, 28), 256, {}),
+    "cnn_tanh/b1024": ("cnn_tanh", (1, 28, 28), 1024, {}),
+    "resnet18/b64": ("timm/resnet18", (3, 32, 32), 64, {}),
+    "vit_tiny/b64": ("timm/vit_tiny_patch16_224", (3, 32, 32), 64, {"img_size": 32, "patch_size": 4}),
+}
+MODES = ("non-DP", "ghost", "vmap", "Opacus ew", "Opacus ghost")
 
 
-def _peak_memory_mb(device: str) -> float:
+def _memory_mb(device: str) -> float:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _synthetic(shape, batch_size: int, steps: int):
-    from torch.utils.data import TensorDataset
+def _ours(module, mode: str, x, y):
+    """One step of our DP-SGD: clipped sum, noise, average, SGD (``DPCallback.private_step``'s computation)."""
+    from lightning_dprobust.core.engines import build_clipper
+    from lightning_dprobust.core.per_sample import gaussian_noise_like
 
-    count = batch_size * steps
-    generator = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.rand(count, *shape, generator=generator), torch.randint(0, 10, (count,)))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+    if mode == "non-DP":
+
+        def step() -> None:
+            optimizer.zero_grad()
+            module.per_example_loss(x, y).mean().backward()
+            optimizer.step()
+
+        return step
+    clipper, _ = build_clipper(mode, module, "per_example_loss", 1.0)
+    params = clipper.trainable_parameters()
+
+    def step() -> None:
+        clipped = clipper((x, y))
+        noise = gaussian_noise_like(clipped.grads, 1.0)
+        for name, p in params.items():
+            p.grad = (clipped.grads[name] + noise[name]) / x.shape[0]
+        optimizer.step()
+
+    return step
 
 
-class _StepTimer:
-    """Lightning callback timing each training batch (forward, backward, clipping, noise, optimizer step)."""
+def _opacus(model, mode: str, x, y):
+    """One step of Opacus 1.6 (ExpandedWeights or ghost clipping) with its DP optimizer."""
+    from opacus.grad_sample import GradSampleModuleExpandedWeights, GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
-    def __init__(self, device: str) -> None:
-        self.device, self.times, self._start = device, [], 0.0
+    kwargs = dict(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=x.shape[0])
+    if mode == "Opacus ew":
+        wrapped = GradSampleModuleExpandedWeights(model)
+        optimizer = DPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.01), **kwargs)
+        criterion = torch.nn.CrossEntropyLoss()
+    else:
+        wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=1.0, use_ghost_clipping=True)
+        optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(wrapped.parameters(), lr=0.01), **kwargs)
+        criterion = DPLossFastGradientClipping(wrapped, optimizer, torch.nn.CrossEntropyLoss())
 
-    def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
+    def step() -> None:
+        optimizer.zero_grad()
+        criterion(wrapped(x), y).backward()
+        optimizer.step()
 
-    def on_train_batch_start(self, *args) -> None:
-        self._sync()
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, *args) -> None:
-        self._sync()
-        self.times.append(time.perf_counter() - self._start)
+    return step
 
 
-def _lightning_steps(model_name: str, private: bool, steps: int, device: str) -> list[float]:
-    import lightning as L
-    from torch.utils.data import DataLoader
-
-    from lightning_dprobust.callbacks import DPCallback
+def _build_step(case: str, mode: str, device: str):
     from lightning_dprobust.methods import DPSGD
 
-    shape, batch_size = CASES[model_name]
-    dataset = _synthetic(shape, batch_size, steps)
-
-    class Data(L.LightningDataModule):
-        def train_dataloader(self):
-            return DataLoader(dataset, batch_size=batch_size, shuffle=True)
-
-    timer = type("Timer", (_StepTimer, L.Callback), {})(device)
-    callbacks = [timer] + ([DPCallback(max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5)] if private else [])
-    trainer = L.Trainer(
-        accelerator="gpu" if device.startswith("cuda") else "cpu",
-        devices=1,
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-        use_distributed_sampler=False,
-    )
-    trainer.fit(DPSGD(model=model_name, num_classes=10, input_shape=shape, lr=0.01), Data())
-    return timer.times
-
-
-def _opacus_steps(model_name: str, steps: int, device: str) -> list[float]:
-    from opacus import GradSampleModule
-    from opacus.optimizers import DPOptimizer
-
-    from lightning_dprobust.models import create_model
-
-    shape, batch_size = CASES[model_name]
-    model = GradSampleModule(create_model(model_name, num_classes=10, input_shape=shape).to(device))
-    optimizer = DPOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        expected_batch_size=batch_size,
-    )
-    x, y = (t.to(device) for t in _synthetic(shape, batch_size, 1).tensors)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _measure(model_name: str, mode: str, steps: int, warmup: int, device: str, queue) -> None:
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    model_name, shape, batch_size, model_kwargs = CASES[case]
     torch.manual_seed(0)
+    module = DPSGD(model=model_name, num_classes=10, input_shape=shape, model_kwargs=model_kwargs).to(device)
+    x = torch.rand(batch_size, *shape, device=device)
+    y = torch.randint(0, 10, (batch_size,), device=device)
+    if mode.startswith("Opacus"):
+        return _opacus(module.model, mode, x, y)
+    return _ours(module, mode, x, y)
+
+
+def _worker(case: str, mode: str, device: str, connection) -> None:
+    """Serve ``("run", steps)`` requests with step times until ``None``; the first reply says whether setup worked."""
+    warnings.filterwarnings("ignore")
     try:
-        if mode == "Opacus hooks":
-            times = _opacus_steps(model_name, steps + warmup, device)
-        else:
-            times = _lightning_steps(model_name, mode == "DP (ours)", steps + warmup, device)
-        measured = times[warmup:]
-        queue.put({"ms": 1000 * sum(measured) / len(measured), "mem": _peak_memory_mb(device)})
+        step = _build_step(case, mode, device)
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20 if device.startswith("cuda") else _memory_mb(device)
+        step()  # warm-up, counted in the peak; also fails fast for an engine that cannot run this model
+        connection.send({"ok": True, "base": base})
     except Exception as error:  # report any engine's crash as a table entry, not a benchmark failure
-        queue.put({"error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"})
+        connection.send({"ok": False, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"})
+        return
+    while (steps := connection.recv()) is not None:
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        connection.send({"times": times, "peak": _memory_mb(device)})
 
 
-def run(model_name: str, mode: str, steps: int, warmup: int, device: str) -> dict:
+def _receive(process, pipe) -> dict:
+    """The worker's next reply, or an error entry when it died (e.g. killed for memory)."""
+    try:
+        return pipe.recv()
+    except EOFError:
+        process.join()
+        return {"ok": False, "error": f"worker died (exit code {process.exitcode}; -9: killed, e.g. out of memory)"}
+
+
+def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, device: str) -> dict[str, dict]:
+    """Interleaved rounds of every mode of one case; per mode: step times per round, memory, or the error."""
     context = mp.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_measure, args=(model_name, mode, steps, warmup, device, queue))
-    process.start()
-    result = queue.get()
-    process.join()
-    return result
+    workers, results, started = {}, {}, {}
+    for mode in modes:  # start every worker first: their imports and warm-ups overlap
+        parent, child = context.Pipe()
+        started[mode] = (context.Process(target=_worker, args=(case, mode, device, child)), parent)
+        started[mode][0].start()
+    for mode, (process, parent) in started.items():
+        ready = _receive(process, parent)
+        if ready["ok"]:
+            workers[mode] = (process, parent)
+            results[mode] = {"base": ready["base"], "rounds": [], "peak": ready["base"]}
+        else:
+            results[mode] = {"error": ready["error"]}
+            process.join()
+    order = list(workers)
+    for r in range(rounds):
+        for mode in order[r % len(order) :] + order[: r % len(order)]:
+            if "error" in results[mode]:
+                continue
+            process, pipe = workers[mode]
+            pipe.send(steps)
+            reply = _receive(process, pipe)
+            if not reply.get("ok", True):
+                results[mode] = {"error": reply["error"]}
+                continue
+            results[mode]["rounds"].append(statistics.median(reply["times"]))
+            results[mode]["peak"] = max(results[mode]["peak"], reply["peak"])
+    for mode, (process, pipe) in workers.items():
+        if "error" not in results[mode]:
+            pipe.send(None)
+        process.join()
+    return results
+
+
+def table_rows(case: str, results: dict[str, dict]) -> list[str]:
+    """Markdown rows: ms/step (median over rounds), time ratio median [min-max], step memory and its ratio."""
+    model_name, shape, batch_size, _ = CASES[case]
+    base = results.get("non-DP", {})
+    rows = []
+    for mode, result in results.items():
+        head = f"| {model_name} {'x'.join(map(str, shape))} | {batch_size} | {mode} |"
+        if "error" in result:
+            rows.append(f"{head} fails: {result['error']} | | | |")
+            continue
+        ms = 1000 * statistics.median(result["rounds"])
+        step_mb = result["peak"] - result["base"]
+        ratio, memory = "", ""
+        if "rounds" in base and mode != "non-DP":
+            ratios = [a / b for a, b in zip(result["rounds"], base["rounds"], strict=True)]
+            ratio = f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+            base_mb = base["peak"] - base["base"]
+            memory = f"{step_mb / base_mb:.2f}x" if base_mb > 0 else ""
+        rows.append(f"{head} {ms:.1f} | {ratio} | {step_mb:.0f} | {memory} |")
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per configuration")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured first steps")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (ratio: median and min-max)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode and round (median taken)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--json", help="also write the raw results to this JSON file")
     args = parser.parse_args()
-
-    print(f"device: {args.device}, torch threads: {torch.get_num_threads()}, steps: {args.steps} (+{args.warmup})")
-    print("| model | batch | mode | ms/step | DP / non-DP | peak memory (MB) |")
-    print("|---|---|---|---|---|---|")
-    results = {}
-    for model_name, (shape, batch_size) in CASES.items():
-        baseline = None
-        for mode in MODES:
-            result = run(model_name, mode, args.steps, args.warmup, args.device)
-            results[f"{model_name}/{mode}"] = result
-            if "error" in result:
-                print(f"| {model_name} {shape} | {batch_size} | {mode} | fails: {result['error']} | | |")
-                continue
-            baseline = baseline or result["ms"]
-            ratio = result["ms"] / baseline
-            print(
-                f"| {model_name} {shape} | {batch_size} | {mode} | {result['ms']:.1f} | {ratio:.2f}x "
-                f"| {result['mem']:.0f} |",
-                flush=True,
-            )
+    if "non-DP" not in args.modes:
+        parser.error("--modes must include non-DP, the reference of every ratio")
+    modes = ("non-DP",) + tuple(m for m in args.modes if m != "non-DP")
+    print(f"device: {args.device}, threads: {torch.get_num_threads()}, rounds: {args.rounds} x {args.steps} steps")
+    print("| model | batch | mode | ms/step | time / non-DP, median [min-max] | step MB | memory / non-DP |")
+    print("|---|---|---|---|---|---|---|")
+    everything = {}
+    for case in args.cases:
+        everything[case] = measure_case(case, modes, args.rounds, args.steps, args.device)
+        print("\n".join(table_rows(case, everything[case])), flush=True)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+            json.dump(everything, handle, indent=2)
 
 
 if __name__ == "__main__":

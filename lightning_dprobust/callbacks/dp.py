@@ -27,7 +27,8 @@ from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, resolve_delta, steps_within_budget
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.core.accounting import ACCOUNTANTS, PrivacyLedger
-from lightning_dprobust.core.per_sample import CLIPPING_RULES, PerExampleClipper, gaussian_noise_like
+from lightning_dprobust.core.engines import ENGINES, build_clipper
+from lightning_dprobust.core.per_sample import CLIPPING_RULES, gaussian_noise_like
 
 
 class StopReason(enum.Enum):
@@ -91,6 +92,9 @@ class DPCallback(Callback):
         seed: ``None`` (default): secret randomness. An int: reproducibility mode for tests and debugging (warned):
             masks and noise follow from the seed, a resume continues them exactly; the guarantee then assumes the
             seed is secret and trains one model.
+        engine: per-example clipping engine: ``"vmap"`` (``torch.func``, any model), ``"ghost"`` (ghost norms and
+            book-keeping, close to non-private cost) or ``"auto"`` (ghost when every layer has a rule); the choice
+            is logged. Same guarantee either way (see :mod:`lightning_dprobust.core.engines`).
 
     Example:
         >>> from lightning_dprobust.callbacks import DPCallback
@@ -110,12 +114,16 @@ class DPCallback(Callback):
         max_physical_batch_size: int | None = None,
         clipping: str = "flat",
         seed: int | None = None,
+        engine: str = "auto",
     ) -> None:
         _validate_arguments(
             max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate
         )
         if clipping not in CLIPPING_RULES:
             raise MisconfigurationException(f"DPCallback(clipping={clipping!r}) must be one of {CLIPPING_RULES}")
+        if engine not in ENGINES:
+            raise MisconfigurationException(f"DPCallback(engine={engine!r}) must be one of {ENGINES}")
+        self.engine = engine
         self.clipping = clipping
         self.max_grad_norm = float(max_grad_norm)
         self.noise_multiplier = noise_multiplier
@@ -133,7 +141,7 @@ class DPCallback(Callback):
         self._requested_noise = noise_multiplier
         self._checkpoint_noise: float | None = None
         self._budget_steps: int | None = None
-        self._clipper: PerExampleClipper | None = None
+        self._clipper = None
         self._world_size = 1
         self._rank = 0
         self._zero_noise_steps = 0
@@ -149,9 +157,10 @@ class DPCallback(Callback):
         self.randomness.next_fit()
         self.loaders.attach(trainer, pl_module)
         guard_single_optimizer(pl_module)
-        self._clipper = PerExampleClipper(
-            pl_module, "per_example_loss", self.max_grad_norm, self.max_physical_batch_size, self.clipping
+        self._clipper, choice = build_clipper(
+            self.engine, pl_module, "per_example_loss", self.max_grad_norm, self.max_physical_batch_size, self.clipping
         )
+        rank_zero_info(f"DPCallback: per-example clipping engine: {choice}")
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:

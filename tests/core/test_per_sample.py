@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.per_sample import (
     CLIPPING_RULES,
     PerExampleClipper,
@@ -40,6 +41,14 @@ class TinyNet(nn.Module):
         return losses.view(b, v).mean(1)
 
 
+ENGINES = ("vmap", "ghost")
+
+
+def clipper_for(engine: str, net: nn.Module, max_grad_norm: float, **kwargs):
+    """The clipper of ``engine`` ("vmap" or "ghost"); every privacy property below must hold for both."""
+    return build_clipper(engine, net, "per_example_loss", max_grad_norm, **kwargs)[0]
+
+
 def batch(size: int, views: int = 0, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     shape = (size, views, 1, 4, 4) if views else (size, 1, 4, 4)
@@ -63,27 +72,30 @@ def contribution(clipper, x, y, i):
     max_grad_norm=st.floats(1e-3, 2.0),
     clipping=st.sampled_from(CLIPPING_RULES),
     seed=st.integers(0, 10_000),
+    engine=st.sampled_from(ENGINES),
 )
-def test_each_example_contributes_at_most_max_grad_norm(size, views, max_grad_norm, clipping, seed):
+def test_each_example_contributes_at_most_max_grad_norm(size, views, max_grad_norm, clipping, seed, engine):
     torch.manual_seed(seed)
-    clipper = PerExampleClipper(TinyNet(), "per_example_loss", max_grad_norm, clipping=clipping)
+    clipper = clipper_for(engine, TinyNet(), max_grad_norm, clipping=clipping)
     x, y = batch(size, views, seed)
     for i in range(size):
         assert contribution(clipper, x, y, i).norm() <= max_grad_norm * (1 + 1e-4)
 
 
-def test_single_large_gradient_is_clipped_to_exactly_the_bound():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_single_large_gradient_is_clipped_to_exactly_the_bound(engine):
     torch.manual_seed(0)
-    clipper = PerExampleClipper(TinyNet(), "per_example_loss", 1e-3)
+    clipper = clipper_for(engine, TinyNet(), 1e-3)
     out = clipper(batch(1))
     assert out.norms[0] > 1e-3
     assert flat(out.grads).norm() == pytest.approx(1e-3, rel=1e-3)
 
 
 @pytest.mark.parametrize("views", [0, 2])
-def test_changing_one_example_leaves_every_other_contribution_unchanged(views):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_changing_one_example_leaves_every_other_contribution_unchanged(views, engine):
     torch.manual_seed(1)
-    clipper = PerExampleClipper(TinyNet(), "per_example_loss", 0.05)
+    clipper = clipper_for(engine, TinyNet(), 0.05)
     x, y = batch(5, views, 3)
     x2, y2 = x.clone(), y.clone()
     x2[2] = torch.rand_like(x2[2]) * 3
@@ -92,22 +104,24 @@ def test_changing_one_example_leaves_every_other_contribution_unchanged(views):
         torch.testing.assert_close(contribution(clipper, x, y, i), contribution(clipper, x2, y2, i))
 
 
-def test_huge_clip_equals_ordinary_batch_gradient():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_huge_clip_equals_ordinary_batch_gradient(engine):
     torch.manual_seed(2)
     net = TinyNet()
     x, y = batch(6, seed=4)
-    out = PerExampleClipper(net, "per_example_loss", 1e9)((x, y))
+    out = clipper_for(engine, net, 1e9)((x, y))
     net.zero_grad()
     net.per_example_loss(x, y).sum().backward()
     for name, p in net.named_parameters():
         torch.testing.assert_close(out.grads[name], p.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_norms_match_one_example_at_a_time():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_norms_match_one_example_at_a_time(engine):
     torch.manual_seed(3)
     net = TinyNet()
     x, y = batch(4, seed=5)
-    out = PerExampleClipper(net, "per_example_loss", 1.0)((x, y))
+    out = clipper_for(engine, net, 1.0)((x, y))
     for i in range(4):
         net.zero_grad()
         net.per_example_loss(x[i : i + 1], y[i : i + 1]).sum().backward()
@@ -115,11 +129,12 @@ def test_norms_match_one_example_at_a_time():
         assert out.norms[i] == pytest.approx(expected.item(), rel=1e-4)
 
 
-def test_augmentation_group_gradient_is_mean_of_view_gradients_before_clipping():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_augmentation_group_gradient_is_mean_of_view_gradients_before_clipping(engine):
     torch.manual_seed(4)
     net = TinyNet()
     x, y = batch(1, views=3, seed=6)
-    out = PerExampleClipper(net, "per_example_loss", 1e9)((x, y))
+    out = clipper_for(engine, net, 1e9)((x, y))
     view_grads = []
     for v in range(3):
         net.zero_grad()
@@ -138,16 +153,18 @@ def test_chunked_equals_unchunked():
     torch.testing.assert_close(whole.norms, chunked.norms)
 
 
-def test_empty_batch_gives_zero_sum():
-    out = PerExampleClipper(TinyNet(), "per_example_loss", 1.0)(batch(0))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_empty_batch_gives_zero_sum(engine):
+    out = clipper_for(engine, TinyNet(), 1.0)(batch(0))
     assert out.norms.numel() == 0
     assert flat(out.grads).abs().sum() == 0
 
 
-def test_frozen_parameters_are_not_differentiated():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_frozen_parameters_are_not_differentiated(engine):
     net = TinyNet()
     net.conv.weight.requires_grad_(False)
-    out = PerExampleClipper(net, "per_example_loss", 1.0)(batch(3))
+    out = clipper_for(engine, net, 1.0)(batch(3))
     assert "conv.weight" not in out.grads and "conv.bias" in out.grads
 
 

@@ -1,0 +1,44 @@
+"""Choice of the per-example clipping engine: ``"vmap"`` (any model), ``"ghost"`` (per-layer rules) or ``"auto"``.
+
+* ``vmap``: :class:`~lightning_dprobust.core.per_sample.PerExampleClipper`, ``torch.func`` per-example gradients;
+  structurally exact for any per-example loss, at the cost of materializing every example's gradient.
+* ``ghost``: :class:`~lightning_dprobust.core.ghost.GhostClipper`, ghost norms / book-keeping (Bu et al. 2023);
+  one batched forward and backward plus per-layer norms; parameters without a rule fall back to vmap.
+* ``auto``: ``ghost`` when every trainable parameter has a layer rule (and, at the first step, its norms agree
+  with vmap's on a few examples, else it switches to vmap), otherwise ``vmap``.
+
+Both engines return the same :class:`~lightning_dprobust.core.per_sample.ClippedSum` with the same guarantee.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from lightning_dprobust.core.ghost import GhostClipper, plan_rules
+from lightning_dprobust.core.per_sample import PerExampleClipper
+
+ENGINES = ("auto", "vmap", "ghost")
+
+
+def build_clipper(
+    engine: str,
+    module: nn.Module,
+    loss_method: str,
+    max_grad_norm: float,
+    max_physical_batch_size: int | None = None,
+    clipping: str = "flat",
+) -> tuple[PerExampleClipper | GhostClipper, str]:
+    """The clipper for ``engine`` and a one-line description of the choice (for the log)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    args = (module, loss_method, max_grad_norm, max_physical_batch_size, clipping)
+    if engine == "vmap":
+        return PerExampleClipper(*args), "vmap (torch.func per-example gradients), as requested"
+    if engine == "ghost":
+        clipper = GhostClipper(*args, on_mismatch="raise")
+        return clipper, f"ghost ({clipper.describe()}), as requested"
+    _, leftover = plan_rules(module)
+    if leftover:
+        return PerExampleClipper(*args), f"vmap (auto: no ghost rule for {leftover})"
+    clipper = GhostClipper(*args, on_mismatch="fallback")
+    return clipper, f"ghost (auto: {clipper.describe()})"

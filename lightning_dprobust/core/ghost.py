@@ -1,0 +1,263 @@
+"""Per-example clipping at close to non-private cost: ghost norms and book-keeping (Bu et al. 2023).
+
+One forward of the per-example losses on the whole batch, one backward that computes only the gradients at the
+layers' outputs (no parameter gradients: the autograd graph is cut at the captured output edges), per-layer
+per-example norms from activations and output gradients (``core/ghost_layers.py``: ghost norm or materialization,
+whichever is cheaper for the layer's shapes), then the clipped sum from the same tensors with the output gradients
+scaled by each example's clip factor. Li et al. 2022 (arXiv 2110.05679, ghost clipping); Bu, Mao, Xu 2022 (arXiv
+2205.10683, mixed ghost clipping); Bu, Wang, Zha, Karypis, ICML 2023 (arXiv 2210.00038, book-keeping).
+
+Activations and output gradients are captured with forward hooks and ``torch.autograd.graph.GradientEdge``s taken
+at forward time, so an in-place op after a layer (timm ResNets' ``x += shortcut``) cannot alter what was captured;
+an in-place change of a captured *input* is detected through its version counter and refused. No full backward
+module hooks are used.
+
+Guarantees (same as :class:`~lightning_dprobust.core.per_sample.PerExampleClipper`): each example's contribution to
+the returned sum has L2 norm ``<= max_grad_norm``; frozen parameters and buffers are never differentiated.
+
+Assumptions, checked where possible:
+    * every layer sees example ``i``'s rows as consecutive rows ``[i k, (i + 1) k)`` (true of ``x`` and of
+      ``views.flatten(0, 1)``); a row count that is not a multiple of the batch size is refused;
+    * no layer mixes examples (as for the vmap engine; BatchNorm is refused by ``DPCallback``);
+    * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
+    The first call compares this engine's per-example norms with the vmap engine's on a few examples (in eval
+    mode, so that dropout cannot differ) and refuses to continue (or falls back to vmap) on a mismatch.
+Parameters without a rule (a module owning parameters and sub-layers with parameters) are handled by the vmap
+engine, restricted to those parameters; their per-example gradients enter the same norms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
+
+from lightning_dprobust.core.ghost_layers import (
+    Capture,
+    Conv2dRule,
+    LayerRule,
+    LinearRule,
+    MaterializedRule,
+    TokenRule,
+)
+from lightning_dprobust.core.per_sample import (
+    ClippedSum,
+    PerExampleClipper,
+    clip_factors,
+    per_example_norms,
+)
+
+log = logging.getLogger(__name__)
+
+VERIFY_EXAMPLES = 3
+"""Examples of the first batch on which the ghost norms are checked against the vmap engine."""
+_VERIFY_RTOL = 1e-3
+
+
+class EngineMismatch(RuntimeError):
+    """The ghost engine's per-example norms differ from the vmap engine's on the same examples."""
+
+
+def _is_stochastic(module: nn.Module) -> bool:
+    return any(
+        (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or getattr(m, "drop_prob", 0) > 0
+        for m in module.modules()
+    )
+
+
+def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
+    """The rule for a module's own trainable parameters (``local -> full name``), or ``None`` (vmap fallback)."""
+    if isinstance(module, nn.Linear):
+        return LinearRule(module, names)
+    if isinstance(module, nn.Conv2d) and Conv2dRule.supports(module):
+        return Conv2dRule(module, names)
+    if set(names) <= {"cls_token", "reg_token", "pos_embed"} and TokenRule.supports(module):
+        return TokenRule(module, names)
+    has_param_children = any(True for child in module.children() for _ in child.parameters())
+    if not has_param_children and not _is_stochastic(module):
+        return MaterializedRule(module, names)
+    return None
+
+
+def plan_rules(module: nn.Module) -> tuple[list[LayerRule], list[str]]:
+    """Per-layer rules covering ``module``'s trainable parameters, and the names of those left to the vmap engine."""
+    rules, leftover = [], []
+    for prefix, sub in module.named_modules():
+        names = {local: f"{prefix}.{local}" if prefix else local for local, p in sub.named_parameters(recurse=False)}
+        names = {local: full for local, full in names.items() if getattr(sub, local).requires_grad}
+        if not names:
+            continue
+        rule = _rule_for(sub, names)
+        if rule is None:
+            leftover.extend(names.values())
+        else:
+            rules.append(rule)
+    return rules, leftover
+
+
+def _capture(rule: LayerRule, tensor: Tensor, differentiated: Tensor) -> None:
+    if not differentiated.requires_grad:
+        raise RuntimeError("the ghost engine needs gradients enabled in the forward pass of the per-example loss")
+    edge = get_gradient_edge(differentiated)
+    rule.calls.append(Capture(tensor.detach(), tensor._version, edge, differentiated.shape))
+
+
+def _hook(rule: LayerRule):
+    if isinstance(rule, TokenRule):
+        return rule.module.pos_drop, lambda mod, args, kwargs, out: _capture(rule, args[0], args[0])
+
+    def capture_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
+        if kwargs or len(args) != 1 or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
+            raise RuntimeError(
+                f"{type(mod).__name__} was called with {len(args)} positional and {len(kwargs)} keyword arguments "
+                "or returned a non-tensor: the ghost engine needs one tensor in and one out; use engine='vmap'"
+            )
+        _capture(rule, args[0], out)
+
+    return rule.module, capture_call
+
+
+class GhostClipper:
+    """Per-example clipped gradient sum by per-layer rules (ghost norm / materialization) and book-keeping.
+
+    Same interface and arguments as :class:`~lightning_dprobust.core.per_sample.PerExampleClipper`, plus:
+
+    Args:
+        on_mismatch: ``"raise"`` (default) raises :class:`EngineMismatch` when the first-call check against the
+            vmap engine fails; ``"fallback"`` logs a warning and uses the vmap engine from then on.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        loss_method: str,
+        max_grad_norm: float,
+        max_physical_batch_size: int | None = None,
+        clipping: str = "flat",
+        on_mismatch: str = "raise",
+    ) -> None:
+        if on_mismatch not in ("raise", "fallback"):
+            raise ValueError(f"on_mismatch must be 'raise' or 'fallback', got {on_mismatch!r}")
+        self.reference = PerExampleClipper(module, loss_method, max_grad_norm, max_physical_batch_size, clipping)
+        self.module, self.loss_method = module, loss_method
+        self.max_grad_norm, self.clipping = self.reference.max_grad_norm, clipping
+        self.max_physical_batch_size = max_physical_batch_size
+        self.on_mismatch = on_mismatch
+        self.rules, self.fallback_names = plan_rules(module)
+        self._fallback = (
+            PerExampleClipper(
+                module, loss_method, max_grad_norm, clipping=clipping, parameter_names=self.fallback_names
+            )
+            if self.fallback_names
+            else None
+        )
+        self._verified = False
+        self._use_reference = False
+
+    def trainable_parameters(self) -> dict[str, Tensor]:
+        return self.reference.trainable_parameters()
+
+    def describe(self) -> str:
+        """One line: how many parameter tensors each rule covers and which ones fall back to vmap."""
+        counts: dict[str, int] = {}
+        for rule in self.rules:
+            counts[type(rule).__name__] = counts.get(type(rule).__name__, 0) + len(rule.names)
+        text = ", ".join(f"{name}: {count}" for name, count in sorted(counts.items()))
+        return f"{text}; vmap fallback: {self.fallback_names or 'none'}"
+
+    def __call__(self, batch: tuple[Tensor, ...]) -> ClippedSum:
+        """Clipped per-example gradient sum of ``batch`` (a tuple of tensors sharing the leading batch dim)."""
+        size = batch[0].shape[0]
+        if size and not self._verified:
+            self._verify(batch)
+        if self._use_reference:
+            return self.reference(batch)
+        sums = {name: torch.zeros_like(p) for name, p in self.trainable_parameters().items()}
+        if size == 0:
+            empty = batch[0].new_zeros(0)
+            return ClippedSum(sums, empty, empty)
+        chunk = self.max_physical_batch_size or size
+        norms, losses = [], []
+        for start in range(0, size, chunk):
+            part = tuple(t[start : start + chunk] for t in batch)
+            part_norms, part_losses, part_sums = self._clipped_part(part)
+            for name, g in part_sums.items():
+                sums[name] += g
+            norms.append(part_norms)
+            losses.append(part_losses)
+        return ClippedSum(sums, torch.cat(norms), torch.cat(losses))
+
+    # -------------------------------------------------------------------------------------------- internals
+    def _clipped_part(self, part: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        examples = part[0].shape[0]
+        losses = self._output_gradients(part)
+        sq = sum(rule.sq_norms(examples) for rule in self.rules) if self.rules else losses.new_zeros(examples)
+        fallback_grads = {}
+        if self._fallback is not None:
+            fallback_grads, _ = self._fallback.per_example_gradients(part)
+            sq = sq + per_example_norms(fallback_grads).square()
+        norms = sq.sqrt()
+        factors = clip_factors(norms, self.max_grad_norm, self.clipping)
+        sums: dict[str, Tensor] = {}
+        for rule in self.rules:
+            sums.update(rule.clipped_sum(factors))
+        for name, g in fallback_grads.items():
+            sums[name] = torch.einsum("b,b...->...", factors, g)
+        return norms, losses, sums
+
+    def _output_gradients(self, part: tuple[Tensor, ...]) -> Tensor:
+        """Forward with capture hooks, then the gradient of the summed losses at every captured edge only."""
+        for rule in self.rules:
+            rule.calls = []
+        with self._hooks():
+            losses = getattr(self.module, self.loss_method)(*part)
+        if losses.shape != (part[0].shape[0],):
+            raise ValueError(f"{self.loss_method} must return one loss per example, got shape {tuple(losses.shape)}")
+        calls = [call for rule in self.rules for call in rule.calls]
+        edges = [call.edge for call in calls]
+        grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True) if calls else []
+        for call, grad in zip(calls, grads, strict=True):
+            call.grad = grad if grad is not None else call.inputs.new_zeros(call.shape)
+            if call.inputs._version != call.version:
+                raise RuntimeError(
+                    "a layer's input was modified in place after the layer used it, so the captured activations are "
+                    "stale: make the model out-of-place (models.make_dp_compatible) or use engine='vmap'"
+                )
+        return losses.detach()
+
+    @contextlib.contextmanager
+    def _hooks(self):
+        handles = []
+        try:
+            for rule in self.rules:
+                target, hook = _hook(rule)
+                handles.append(target.register_forward_hook(hook, with_kwargs=True))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _verify(self, batch: tuple[Tensor, ...]) -> None:
+        part = tuple(t[:VERIFY_EXAMPLES] for t in batch)
+        modes = {m: m.training for m in self.module.modules()}
+        self.module.eval()
+        try:
+            ours = self._clipped_part(part)[0]
+            reference = per_example_norms(self.reference.per_example_gradients(part)[0])
+        finally:
+            for m, training in modes.items():
+                m.train(training)
+        self._verified = True
+        if torch.allclose(ours, reference, rtol=_VERIFY_RTOL, atol=1e-7):
+            return
+        message = (
+            f"ghost engine per-example norms {ours.tolist()} differ from the vmap engine's {reference.tolist()}: "
+            "the loss does not lay out example rows consecutively, or a layer mixes examples"
+        )
+        if self.on_mismatch == "raise":
+            raise EngineMismatch(message + "; use engine='vmap'")
+        log.warning("%s; using the vmap engine", message)
+        self._use_reference = True

@@ -1,0 +1,250 @@
+"""Per-layer rules for per-example gradient norms and clipped sums from activations and output gradients.
+
+For a linear map ``y_t = W a_t + b`` applied at positions ``t = 1..T`` of one example, the example's gradient is
+``G^T A`` (``A``: ``[T, d]`` inputs, ``G``: ``[T, p]`` output gradients), and its squared norm can be computed
+two ways (Li et al. 2022, "Large Language Models Can Be Strong Differentially Private Learners", arXiv 2110.05679;
+Bu et al. 2023, "Differentially Private Optimization on Large Model at Small Cost", ICML, arXiv 2210.00038):
+
+* **ghost norm**: ``||G^T A||^2 = <A A^T, G G^T>``, cost ``~2 T^2 (d + p)``, memory ``T^2`` per example;
+* **materialized**: form ``G^T A`` (cost ``~2 T d p``, memory ``d p``) and take its norm.
+
+:class:`LinearRule` picks the cheaper one per layer from the shapes (the "mixed" rule of Bu et al. 2023). The
+clipped sum ``sum_i c_i G_i^T A_i`` is one matrix product with output gradients scaled by ``c_i``, the
+book-keeping trick of Bu et al. 2023 (no second backward pass).
+
+Augmentation groups: a layer sees ``N = B k`` rows, example ``i`` owning the ``k`` consecutive rows
+``[i k, (i + 1) k)`` (its views, flattened as ``views.flatten(0, 1)`` does). The example's gradient is the sum over
+its rows, which equals one example with ``k T`` positions, so the rules reshape ``[N, T, .]`` to ``[B, k T, .]``.
+Several calls of one layer in a forward (weight sharing) are concatenated along positions the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, vjp, vmap
+
+
+@dataclass
+class Capture:
+    """One call of a layer: its input (or the tensor a rule differentiates at), the output edge and its gradient."""
+
+    inputs: Tensor
+    version: int
+    edge: object
+    shape: torch.Size
+    grad: Tensor | None = None
+
+
+def group_rows(t: Tensor, examples: int) -> Tensor:
+    """``[N, ...] -> [B, N / B, ...]``: the rows of each example (consecutive), or a clear error."""
+    if examples == 0 or t.shape[0] % examples:
+        raise RuntimeError(
+            f"a layer saw {t.shape[0]} rows for {examples} examples: the per-example loss must pass example i's "
+            "views as consecutive rows (views.flatten(0, 1)); use DPCallback(engine='vmap') for other layouts"
+        )
+    return t.reshape(examples, t.shape[0] // examples, *t.shape[1:])
+
+
+@dataclass
+class LayerRule:
+    """Base: a module, the full names of the parameters it covers, and the calls captured in one forward."""
+
+    module: nn.Module
+    names: dict[str, str]
+    calls: list[Capture] = field(default_factory=list)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Local parameter name -> parameter, for the trainable parameters this rule covers."""
+        return {local: getattr(self.module, local) for local in self.names}
+
+    def sq_norms(self, examples: int) -> Tensor:
+        raise NotImplementedError
+
+    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+
+class LinearRule(LayerRule):
+    """``nn.Linear`` on inputs ``[N, ..., d]``: mixed ghost / materialized norm, book-keeping clipped sum."""
+
+    def _positions(self, examples: int) -> tuple[Tensor, Tensor]:
+        acts, grads = [], []
+        for call in self.calls:
+            a, g = self._rows(call)
+            acts.append(group_rows(a, examples).flatten(1, 2))
+            grads.append(group_rows(g, examples).flatten(1, 2))
+        if len(acts) == 1:
+            return acts[0], grads[0]
+        return torch.cat(acts, dim=1), torch.cat(grads, dim=1)
+
+    def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
+        a, g = call.inputs, call.grad
+        return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+
+    def sq_norms(self, examples: int) -> Tensor:
+        a, g = self._positions(examples)
+        self._cache = (a, g)
+        total = a.new_zeros(examples)
+        if "weight" in self.names:
+            total = total + weight_sq_norms(a, g)
+        if "bias" in self.names:
+            total = total + g.sum(dim=1).square().sum(dim=1)
+        return total
+
+    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        a, g = self._cache
+        del self._cache
+        scaled = g * factors.to(g.dtype)[:, None, None]
+        out = {}
+        if "weight" in self.names:
+            weight = scaled.flatten(0, 1).T @ a.flatten(0, 1)
+            out[self.names["weight"]] = weight.view_as(self.module.weight)
+        if "bias" in self.names:
+            out[self.names["bias"]] = scaled.sum(dim=(0, 1))
+        return out
+
+
+def weight_sq_norms(a: Tensor, g: Tensor) -> Tensor:
+    """``||G_i^T A_i||_F^2`` for each example: ghost norm when ``T (d + p) < d p``, else materialized."""
+    positions, d, p = a.shape[1], a.shape[2], g.shape[2]
+    if positions == 1:
+        return a.square().sum(dim=(1, 2)) * g.square().sum(dim=(1, 2))
+    if positions * (d + p) < d * p:
+        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
+    return torch.bmm(g.transpose(1, 2), a).square().sum(dim=(1, 2))
+
+
+class Conv2dRule(LinearRule):
+    """``nn.Conv2d`` (``groups=1``, zero padding): unfolded into a linear map over output positions for the norms;
+    the clipped sum is the convolution's own weight gradient of the scaled output gradients (no unfolded copy)."""
+
+    def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
+        conv = self.module
+        cols = F.unfold(call.inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+        return cols.transpose(1, 2), call.grad.flatten(2).transpose(1, 2)
+
+    def sq_norms(self, examples: int) -> Tensor:
+        """Materialized weight norms by one grouped weight-gradient convolution (examples as groups) when that is
+        the cheaper side of the mixed rule and the layer ran once; otherwise the unfolded linear-map route."""
+        conv = self.module
+        if len(self.calls) != 1 or "weight" not in self.names:
+            return super().sq_norms(examples)
+        call = self.calls[0]
+        positions = call.grad[0].flatten(1).shape[1] * (call.grad.shape[0] // max(examples, 1))
+        d, p = conv.weight[0].numel(), conv.out_channels
+        if positions * (d + p) < d * p:
+            return super().sq_norms(examples)
+        self._cache = None
+        x = group_rows(call.inputs, examples).transpose(0, 1).flatten(1, 2)  # [k, B C, H, W]
+        g = group_rows(call.grad, examples).transpose(0, 1).flatten(1, 2)
+        weight = conv.weight.detach().repeat(examples, 1, 1, 1)
+        per_example = self._weight_grad(g, x, weight, examples, (True, False))[0].view(examples, -1)
+        total = per_example.square().sum(dim=1)
+        if "bias" in self.names:
+            total = total + group_rows(call.grad, examples).sum(dim=(1, 3, 4)).square().sum(dim=1)
+        return total
+
+    def _weight_grad(
+        self, grad: Tensor, inputs: Tensor, weight: Tensor, groups: int, mask: tuple[bool, bool]
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``(weight, bias)`` gradients of the convolution (``mask`` says which) summed over the batch dim."""
+        conv = self.module
+        _, w, b = torch.ops.aten.convolution_backward(
+            grad,
+            inputs,
+            weight,
+            [weight.shape[0]],
+            conv.stride,
+            conv.padding,
+            conv.dilation,
+            False,
+            [0, 0],
+            groups,
+            [False, *mask],
+        )
+        return w, b
+
+    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        del self._cache
+        conv, out = self.module, {}
+        for call in self.calls:
+            rows = factors.to(call.grad.dtype).repeat_interleave(call.grad.shape[0] // factors.shape[0])
+            scaled = call.grad * rows[:, None, None, None]
+            mask = ("weight" in self.names, "bias" in self.names)
+            weight, bias = self._weight_grad(scaled, call.inputs, conv.weight.detach(), 1, mask)
+            for local, grad in (("weight", weight), ("bias", bias)):
+                if local in self.names:
+                    out[self.names[local]] = out.get(self.names[local], 0) + grad
+        return out
+
+    @staticmethod
+    def supports(conv: nn.Conv2d) -> bool:
+        return conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
+
+
+class MaterializedRule(LayerRule):
+    """Any deterministic module with its own parameters: per-example gradients by ``vmap(vjp)`` of the module alone.
+
+    Used for normalization layers (GroupNorm, LayerNorm, timm's ``GroupNormAct``), embeddings and other small
+    layers: the module is re-run on each example's captured input, which is exact when the module is deterministic
+    (no active dropout) and its output depends on its input and parameters only.
+    """
+
+    def _per_example(self, examples: int) -> dict[str, Tensor]:
+        params = {local: p.detach() for local, p in self.tensors().items()}
+
+        def example_grads(a: Tensor, g: Tensor) -> dict[str, Tensor]:
+            _, pullback = vjp(lambda p: functional_call(self.module, p, (a,), strict=False), params)
+            return pullback(g)[0]
+
+        total: dict[str, Tensor] = {}
+        for call in self.calls:
+            grads = vmap(example_grads)(group_rows(call.inputs, examples), group_rows(call.grad, examples))
+            total = {k: total[k] + v if k in total else v for k, v in grads.items()}
+        return total
+
+    def sq_norms(self, examples: int) -> Tensor:
+        self._cache = self._per_example(examples)
+        return sum(g.reshape(examples, -1).square().sum(dim=1) for g in self._cache.values())
+
+    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        grads = self._cache
+        del self._cache
+        return {self.names[k]: torch.einsum("b,b...->...", factors.to(g.dtype), g) for k, g in grads.items()}
+
+
+class TokenRule(LayerRule):
+    """timm ``VisionTransformer``'s ``cls_token``, ``reg_token`` and ``pos_embed`` (Dosovitskiy et al. 2021).
+
+    ``_pos_embed`` concatenates the tokens to the patch embeddings and adds ``pos_embed``; both are linear in the
+    parameters, so each example's gradient is a slice of the gradient at ``pos_drop``'s input (captured here),
+    summed over the example's rows.
+    """
+
+    @staticmethod
+    def supports(vit: nn.Module) -> bool:
+        """timm's own ``_pos_embed`` (subclasses that override it, e.g. distilled DeiT, are not covered)."""
+        from timm.models.vision_transformer import VisionTransformer
+
+        return (
+            getattr(type(vit), "_pos_embed", None) is VisionTransformer._pos_embed
+            and vit.pos_embed is not None
+            and not getattr(vit, "dynamic_img_size", True)
+            and isinstance(getattr(vit, "pos_drop", None), nn.Module)
+        )
+
+    def _per_example(self, examples: int) -> dict[str, Tensor]:
+        g = sum(group_rows(call.grad, examples).sum(dim=1) for call in self.calls)
+        vit = self.module
+        cls = 1 if vit.cls_token is not None else 0
+        reg = vit.reg_token.shape[1] if vit.reg_token is not None else 0
+        slices = {"cls_token": g[:, :cls], "reg_token": g[:, cls : cls + reg]}
+        slices["pos_embed"] = g[:, vit.num_prefix_tokens :] if vit.no_embed_class else g
+        return {k: slices[k].unsqueeze(1) for k in self.names}
+
+    sq_norms = MaterializedRule.sq_norms
+    clipped_sum = MaterializedRule.clipped_sum

@@ -1,0 +1,46 @@
+"""DPCallback's engine choice: logged, and both engines train to the same parameters under the same randomness."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_dprobust.callbacks import DPCallback
+from lightning_dprobust.core.ghost import GhostClipper
+from lightning_dprobust.core.per_sample import PerExampleClipper
+from lightning_dprobust.methods import DPSGD, DPCert
+from tests.helpers import digits, quiet_trainer
+
+
+def train(tmp_path, engine: str, method: type = DPSGD, **kwargs) -> tuple[DPCallback, torch.Tensor]:
+    L.seed_everything(0, verbose=False)
+    module = method(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5, **kwargs)
+    callback = DPCallback(max_grad_norm=0.5, noise_multiplier=1.0, delta=1e-5, engine=engine)
+    quiet_trainer(tmp_path, max_steps=3, callbacks=[callback]).fit(module, digits(batch_size=64))
+    return callback, torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+@pytest.mark.parametrize("method", [DPSGD, DPCert])
+def test_ghost_and_vmap_engines_train_to_the_same_parameters(tmp_path, method):
+    vmap_callback, vmap_params = train(tmp_path, "vmap", method)
+    ghost_callback, ghost_params = train(tmp_path, "ghost", method)
+    assert isinstance(vmap_callback._clipper, PerExampleClipper)
+    assert isinstance(ghost_callback._clipper, GhostClipper)
+    torch.testing.assert_close(ghost_params, vmap_params, rtol=1e-4, atol=1e-5)
+    assert ghost_callback.ledger.history == vmap_callback.ledger.history
+
+
+def test_auto_picks_ghost_for_the_cnn_and_logs_the_choice(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        callback, _ = train(tmp_path, "auto")
+    assert isinstance(callback._clipper, GhostClipper)
+    assert "per-example clipping engine: ghost (auto" in caplog.text
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(MisconfigurationException, match="engine='opacus'"):
+        DPCallback(max_grad_norm=1.0, noise_multiplier=1.0, engine="opacus")

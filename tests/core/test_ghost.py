@@ -1,0 +1,200 @@
+"""Ghost engine == vmap engine: every registry model, every method's loss, random and adversarial inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_dprobust.core.engines import build_clipper
+from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
+from lightning_dprobust.core.ghost_layers import Conv2dRule, LinearRule, MaterializedRule, TokenRule
+from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
+from lightning_dprobust.robustness.attacks import build_attack
+from lightning_dprobust.methods import DPSGD, DPAdv, DPCert
+
+MODELS = {
+    "cnn_tanh": ((1, 14, 14), {}),
+    "mlp_tanh": ((1, 8, 8), {}),
+    "timm/resnet18": ((3, 8, 8), {}),
+    "timm/vit_tiny_patch16_224": ((3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+}
+DPCERT_VARIANTS = [
+    {"augmentation": "gaussian", "regularizer": "none"},
+    {"augmentation": "gaussian", "regularizer": "stability"},
+    {"augmentation": "gaussian", "regularizer": "macer"},
+    {"augmentation": "gaussian", "regularizer": "consistency"},
+    {"augmentation": "smoothadv", "regularizer": "none", "smoothadv_steps": 1},
+]
+
+
+@pytest.fixture(autouse=True)
+def _double_precision():
+    """Both engines in float64, so that 1e-5 relative agreement tests the algebra, not float32 rounding."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def build(method: type, model: str, **kwargs) -> nn.Module:
+    torch.manual_seed(0)
+    shape, model_kwargs = MODELS[model]
+    return method(model=model, num_classes=10, input_shape=shape, model_kwargs=model_kwargs, **kwargs)
+
+
+def images(module: nn.Module, size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand((size, *module.input_shape), generator=generator)
+    return x, torch.randint(0, 10, (size,), generator=generator)
+
+
+def assert_engines_agree(module: nn.Module, inputs: tuple[torch.Tensor, ...], clipping: str = "flat") -> None:
+    """The ghost clipped sum equals the vmap engine's (same clip factors on its per-example gradients)."""
+    per_example, _ = PerExampleClipper(module, "per_example_loss", 1.0).per_example_gradients(inputs)
+    norms = per_example_norms(per_example)
+    bound = float(norms.median())  # about half the examples are clipped
+    factors = clip_factors(norms, bound, clipping)
+    expected = {name: torch.einsum("b,b...->...", factors, g) for name, g in per_example.items()}
+    ghost = GhostClipper(module, "per_example_loss", bound, clipping=clipping)
+    ghost._verified = True  # the comparison below is the full check
+    actual = ghost(inputs)
+    assert not ghost.fallback_names
+    torch.testing.assert_close(actual.norms, norms, rtol=1e-5, atol=1e-12)
+    assert actual.grads.keys() == expected.keys()
+    for name, grad in expected.items():
+        scale = grad.norm().clamp_min(1e-12)
+        assert (actual.grads[name] - grad).norm() / scale <= 1e-5, name
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("size", [1, 5])
+def test_dpsgd_random_inputs(model, size):
+    module = build(DPSGD, model)
+    assert_engines_agree(module, images(module, size))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_dpadv_adversarial_inputs(model):
+    module = build(DPAdv, model, attack="PGD", attack_eps=0.1, attack_kwargs={"steps": 2})
+    x, y = images(module, 3, seed=1)
+    adversarial = build_attack("PGD", module, 0.1, steps=2)(x, y)
+    assert not torch.equal(adversarial, x)
+    assert_engines_agree(module, (adversarial, y))
+
+
+def dpcert_cases() -> list:
+    """Every variant on the CNN and the ViT; on the (slower) ResNet one variant, the others marked slow."""
+    cases = []
+    for variant in DPCERT_VARIANTS:
+        name = f"{variant['augmentation']}-{variant['regularizer']}"
+        cases += [pytest.param(m, variant, id=f"{m}-{name}") for m in ("cnn_tanh", "timm/vit_tiny_patch16_224")]
+        marks = () if variant["regularizer"] == "stability" else pytest.mark.slow
+        cases.append(pytest.param("timm/resnet18", variant, id=f"resnet18-{name}", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("model", "variant"), dpcert_cases())
+def test_dpcert_augmentation_groups(model, variant):
+    module = build(DPCert, model, num_augmentations=2, **variant)
+    inputs = module.training_inputs(images(module, 3, seed=2))
+    assert inputs[0].shape[1] == 3  # clean view + 2 augmentations: one example, three rows
+    assert_engines_agree(module, inputs)
+
+
+@pytest.mark.parametrize("clipping", ["psac", "automatic"])
+def test_dpcert_psac_and_automatic_clipping(clipping):
+    module = build(DPCert, "cnn_tanh", num_augmentations=1)
+    assert_engines_agree(module, module.training_inputs(images(module, 4, seed=3)), clipping)
+
+
+def test_empty_batch_gives_zero_sum_and_no_norms():
+    module = build(DPSGD, "timm/resnet18")
+    out = GhostClipper(module, "per_example_loss", 1.0)(images(module, 0))
+    assert out.norms.numel() == 0
+    assert all(g.abs().sum() == 0 for g in out.grads.values())
+
+
+def test_chunked_equals_unchunked():
+    module = build(DPSGD, "cnn_tanh")
+    inputs = images(module, 7, seed=4)
+    whole = GhostClipper(module, "per_example_loss", 0.05)(inputs)
+    chunked = GhostClipper(module, "per_example_loss", 0.05, max_physical_batch_size=3)(inputs)
+    torch.testing.assert_close(whole.norms, chunked.norms)
+    for name in whole.grads:
+        torch.testing.assert_close(whole.grads[name], chunked.grads[name])
+
+
+def test_rules_cover_the_registry_models_without_fallback():
+    kinds = {type(rule) for model in MODELS for rule in plan_rules(build(DPSGD, model))[0]}
+    assert kinds == {LinearRule, Conv2dRule, MaterializedRule, TokenRule}
+    assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
+
+
+class ViewMajor(DPCert):
+    """A loss that lays the views out view-major: rows are no longer grouped by example."""
+
+    def per_example_loss(self, views, y):
+        batch, num_views = views.shape[:2]
+        logits = self(views.transpose(0, 1).flatten(0, 1)).view(num_views, batch, -1)
+        return F.cross_entropy(logits.flatten(0, 1), y.repeat(num_views), reduction="none").view(num_views, -1).mean(0)
+
+
+def test_a_loss_that_breaks_the_row_layout_is_caught_on_the_first_step():
+    module = build(ViewMajor, "mlp_tanh", num_augmentations=2)
+    inputs = module.training_inputs(images(module, 4, seed=5))
+    with pytest.raises(EngineMismatch, match="differ from the vmap"):
+        GhostClipper(module, "per_example_loss", 1.0)(inputs)
+    auto, _ = build_clipper("auto", module, "per_example_loss", 1.0)
+    expected = PerExampleClipper(module, "per_example_loss", 1.0)(inputs)
+    torch.testing.assert_close(auto(inputs).norms, expected.norms)
+    assert auto._use_reference
+
+
+class SharedToken(nn.Module):
+    """A module owning a parameter and a child with parameters: no layer rule, handled by the vmap fallback."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1) * self.scale)
+
+
+def test_parameters_without_a_rule_fall_back_to_vmap_and_auto_picks_vmap():
+    module = DPSGD(model=SharedToken(), num_classes=10, input_shape=(1, 8, 8))
+    ghost = GhostClipper(module, "per_example_loss", 0.1)
+    assert ghost.fallback_names == ["model.scale"]
+    inputs = images(module, 5, seed=6)
+    expected = PerExampleClipper(module, "per_example_loss", 0.1)(inputs)
+    actual = ghost(inputs)
+    torch.testing.assert_close(actual.norms, expected.norms)
+    for name in expected.grads:
+        torch.testing.assert_close(actual.grads[name], expected.grads[name])
+    clipper, choice = build_clipper("auto", module, "per_example_loss", 0.1)
+    assert isinstance(clipper, PerExampleClipper) and "model.scale" in choice
+
+
+def test_in_place_change_of_a_captured_input_is_refused():
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(64, 8), nn.Linear(8, 10)
+
+        def forward(self, x):
+            h = self.fc1(x.flatten(1))
+            out = self.fc2(h)
+            h.add_(1.0)  # modifies fc2's input after fc2 used it; autograd does not notice (no weight gradient)
+            return out
+
+    module = DPSGD(model=InPlace(), num_classes=10, input_shape=(1, 8, 8))
+    with pytest.raises(RuntimeError, match="inplace operation|modified in place"):
+        GhostClipper(module, "per_example_loss", 1.0)(images(module, 2))
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        build_clipper("opacus", build(DPSGD, "mlp_tanh"), "per_example_loss", 1.0)

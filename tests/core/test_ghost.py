@@ -11,8 +11,8 @@ from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_layers import Conv2dRule, LinearRule, MaterializedRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
-from lightning_dprobust.robustness.attacks import build_attack
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert
+from lightning_dprobust.robustness.attacks import build_attack
 
 MODELS = {
     "cnn_tanh": ((1, 14, 14), {}),

@@ -19,7 +19,7 @@ from tests.helpers import digits, quiet_trainer
 def train(tmp_path, engine: str, method: type = DPSGD, **kwargs) -> tuple[DPCallback, torch.Tensor]:
     L.seed_everything(0, verbose=False)
     module = method(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5, **kwargs)
-    callback = DPCallback(max_grad_norm=0.5, noise_multiplier=1.0, delta=1e-5, engine=engine)
+    callback = DPCallback(max_grad_norm=0.5, noise_multiplier=1.0, delta=1e-5, engine=engine, seed=0)
     quiet_trainer(tmp_path, max_steps=3, callbacks=[callback]).fit(module, digits(batch_size=64))
     return callback, torch.cat([p.detach().flatten() for p in module.parameters()])
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler
+from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler, derive_seed
 
 
 def test_batch_sizes_match_the_sample_rate():
@@ -59,3 +59,20 @@ def test_empty_batch_collates_to_zero_length_tensors_of_the_right_shape():
     assert x.shape == (0, 1, 8, 8) and y.shape == (0,) and y.dtype == torch.int64
     x, y = collate([data[0], data[1]])
     assert x.shape == (2, 1, 8, 8)
+
+
+def test_masks_ignore_the_global_rng_and_each_step_has_its_own_seed():
+    torch.manual_seed(0)
+    first = list(PoissonBatchSampler(200, 0.2, steps_per_epoch=5, seed=2**100 + 3))
+    torch.manual_seed(1)
+    torch.rand(1000)
+    assert list(PoissonBatchSampler(200, 0.2, steps_per_epoch=5, seed=2**100 + 3)) == first
+    assert len({derive_seed(9, "mask", 0, step) for step in range(1000)}) == 1000
+    assert derive_seed(9, "mask", 0, 1) != derive_seed(10, "mask", 0, 1)
+
+
+def test_a_resume_skips_exactly_the_trained_masks():
+    full = list(PoissonBatchSampler(300, 0.1, steps_per_epoch=8, seed=5))
+    resumed = PoissonBatchSampler(300, 0.1, steps_per_epoch=8, seed=5)
+    resumed.resume_at(0, 3)
+    assert list(resumed) == full[3:]

@@ -81,21 +81,26 @@ class _RealExamples(Dataset):
 
 
 def with_gradient_canaries(
-    method: type[ClassifierModule], coordinates: np.ndarray, max_grad_norm: float
+    method: type[ClassifierModule], num_canaries: int, max_grad_norm: float, seed: int
 ) -> type[ClassifierModule]:
-    """A subclass of ``method`` whose examples ``(x, y, j)`` with ``j >= 0`` have the gradient ``K e_j``.
+    """A subclass of ``method`` whose examples ``(x, y, s)`` with ``s >= 0`` are canary ``s``: gradient ``K e_j``.
 
-    ``K = CANARY_GRADIENT_SCALE * max_grad_norm``; ``coordinates`` are the canaries' coordinates in the flattened
-    trainable parameters (``named_parameters`` order). The subclass records the private gradient at all of them
-    before every optimizer step in ``canary_gradients`` (one ``[m]`` row per step).
+    ``K = CANARY_GRADIENT_SCALE * max_grad_norm``. Canary ``s`` owns coordinate ``j = coordinates[s]`` of the
+    flattened trainable parameters (``named_parameters`` order); the ``num_canaries`` coordinates are distinct, drawn
+    with ``seed`` when the module is built. Before every optimizer step the module records the private gradient at
+    every canary's coordinate in ``canary_gradients`` (one ``[num_canaries]`` row per step).
     """
-    watched = torch.as_tensor(np.asarray(coordinates), dtype=torch.long)
     scale = CANARY_GRADIENT_SCALE * max_grad_norm
 
     class GradientCanaries(method):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.trainable_names = [name for name, p in self.named_parameters() if p.requires_grad]
+            size = sum(p.numel() for p in self.parameters() if p.requires_grad)
+            if not 1 <= num_canaries <= size:
+                raise ValueError(f"{num_canaries} gradient canaries need as many trainable coordinates; {size} exist")
+            chosen = np.random.default_rng(seed).choice(size, size=num_canaries, replace=False)
+            self.coordinates = torch.as_tensor(chosen, dtype=torch.long)
             self.canary_gradients: list[Tensor] = []
 
         def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -110,13 +115,13 @@ def with_gradient_canaries(
 
         def per_example_loss(self, *inputs: Tensor) -> Tensor:
             *example, canary = inputs
-            flat = self._flat(dict(self.named_parameters()))
-            dirac = scale * flat.gather(0, canary.clamp(min=0))
+            coordinate = self.coordinates.to(canary.device).gather(0, canary.clamp(min=0))
+            dirac = scale * self._flat(dict(self.named_parameters())).gather(0, coordinate)
             return torch.where(canary >= 0, dirac, super().per_example_loss(*example))
 
         def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
             grads = {name: p.grad for name, p in self.named_parameters() if p.requires_grad}
-            self.canary_gradients.append(self._flat(grads)[watched.to(self.device)].detach().cpu())
+            self.canary_gradients.append(self._flat(grads)[self.coordinates.to(self.device)].detach().cpu())
 
         def _flat(self, tensors: dict[str, Tensor]) -> Tensor:
             return torch.cat([tensors[name].reshape(-1) for name in self.trainable_names])
@@ -124,3 +129,49 @@ def with_gradient_canaries(
     return GradientCanaries
 
 
+def canary_scores(gradients: np.ndarray) -> dict[str, np.ndarray]:
+    """``{"sum": ..., "steps": ...}`` scores of each canary from its ``[steps, m]`` private gradients (module doc)."""
+    gradients = np.asarray(gradients, dtype=np.float64)
+    return {"sum": gradients.sum(axis=0), "steps": (np.diff(gradients, axis=0) ** 2).sum(axis=0)}
+
+
+def white_box_audit(
+    recipe: Recipe,
+    datamodule: ImageDataModule,
+    num_canaries: int,
+    beta: float = 0.05,
+    delta: float | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+) -> WhiteBoxReport:
+    """One-run white-box audit (module docstring) of the DP ``recipe`` on ``datamodule``'s train split.
+
+    ``seed`` draws the canaries' coordinates and inclusion coins (training itself uses ``recipe.seed``).
+
+    Args:
+        delta: delta of the tested hypothesis; default the run's DP delta.
+
+    Raises:
+        ValueError: the recipe trains without DP, or ``num_canaries`` is below 2 or above the trainable coordinates.
+    """
+    if recipe.dp is None:
+        raise ValueError("the white-box audit audits a DP run: give a recipe with a DPCallback (no --no-dp)")
+    if num_canaries < 2:
+        raise ValueError(f"the white-box audit needs at least 2 canaries, got {num_canaries}")
+    train, _ = audit_splits(datamodule)
+    included = np.random.default_rng([seed, 1]).random(num_canaries) < 0.5
+    slots = torch.as_tensor(np.flatnonzero(included), dtype=torch.long)
+    images = torch.zeros(len(slots), *datamodule.input_shape)
+    canaries = TensorDataset(images, torch.zeros(len(slots), dtype=torch.long), slots)
+    max_grad_norm = float(recipe.dp.get("max_grad_norm", 1.0))
+    method = with_gradient_canaries(recipe.module_class, num_canaries, max_grad_norm, seed)
+    trained = train_classifier(
+        recipe.replace(module_class=method), ConcatDataset([_RealExamples(train), canaries]), datamodule, device
+    )
+    scores = canary_scores(torch.stack(trained.module.canary_gradients).numpy())
+    tested_delta = delta if delta is not None else trained.delta
+    audits = {
+        name: audit_guesses(s, included, beta=beta / len(scores), delta=tested_delta) for name, s in scores.items()
+    }
+    best = max(audits, key=lambda name: audits[name].epsilon_lower_bound)
+    return WhiteBoxReport(audits[best], best, trained.epsilon, trained.delta, trained.history, scores, included)

@@ -160,11 +160,13 @@ class TrainedModel:
         module: the trained module, in eval mode.
         epsilon: the claimed epsilon (``inf`` without DP).
         delta: the delta of that claim (``None`` without DP).
+        history: the run's privacy ledger as ``(noise_multiplier, sample_rate, steps)`` events (empty without DP).
     """
 
     module: ClassifierModule
     epsilon: float
     delta: float | None
+    history: tuple[tuple[float, float, int], ...] = ()
 
 
 def _accelerator(device: str | torch.device) -> str:
@@ -201,7 +203,8 @@ def train_classifier(
         trainer.fit(module, _DatasetModule(dataset, recipe.batch_size, recipe.seed))
     if not callbacks:
         return TrainedModel(module.eval(), math.inf, None)
-    return TrainedModel(module.eval(), callbacks[0].epsilon(), callbacks[0].delta)
+    history = tuple((e.noise_multiplier, e.sample_rate, e.steps) for e in callbacks[0].ledger.history)
+    return TrainedModel(module.eval(), callbacks[0].epsilon(), callbacks[0].delta, history)
 
 
 @contextlib.contextmanager

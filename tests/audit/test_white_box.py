@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ SIGMA, EPOCHS, CANARIES = 2.0, 3, 1000
 
 @pytest.fixture(scope="module")
 def digits_recipe():
-    recipe, datamodule = load_recipe("configs/dpsgd/digits.yaml")
+    recipe, datamodule = load_recipe(Path(__file__).resolve().parents[2] / "configs" / "dpsgd" / "digits.yaml")
     dp = {"max_grad_norm": 1.0, "delta": 1e-5, "noise_multiplier": SIGMA}
     return recipe.replace(dp=dp, max_epochs=EPOCHS), datamodule
 

@@ -280,6 +280,7 @@ class CanaryReport:
         scores: each canary's score (minus the loss of its flipped label).
         included: which canaries were in the training set.
         test_accuracy: accuracy on the held-out examples that are not canaries.
+        history: the run's privacy ledger, ``(noise_multiplier, sample_rate, steps)`` events (empty without DP).
     """
 
     audit: OneRunAudit
@@ -289,6 +290,7 @@ class CanaryReport:
     scores: np.ndarray
     included: np.ndarray
     test_accuracy: float
+    history: tuple[tuple[float, float, int], ...] = ()
 
 
 def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -330,4 +332,4 @@ def canary_audit(
     tested_delta = delta if delta is not None else (trained.delta if trained.delta is not None else 1e-5)
     audit = audit_guesses(scores, included, beta=beta, delta=tested_delta)
     roc = roc_metrics(scores, included) if 0 < included.sum() < len(included) else None
-    return CanaryReport(audit, trained.epsilon, trained.delta, roc, scores, included, accuracy)
+    return CanaryReport(audit, trained.epsilon, trained.delta, roc, scores, included, accuracy, trained.history)

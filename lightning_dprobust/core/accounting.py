@@ -8,7 +8,8 @@ removing one training example. Three are guarantees (upper bounds on the true ep
   https://arxiv.org/abs/2207.04380); see :mod:`lightning_dprobust.core.pld`. Tight (within about 0.01 of the exact
   epsilon), a valid upper bound at every discretization, and fast enough to call every epoch (tens of milliseconds
   for a few thousand steps). Chosen as the default because it reports the smallest epsilon that is still proven.
-  Where the RDP bound exceeds ``PLD_EPSILON_CAP`` (50: tiny noise) it reports that bound instead.
+  Where the RDP bound exceeds ``PLD_EPSILON_CAP`` (50: tiny noise) or the history exceeds ``PLD_MAX_STEPS`` (a
+  million steps), where PLD would take gigabytes or minutes, it reports the RDP bound instead.
 - ``"prv"``: numerical composition of privacy loss random variables (Gopi, Lee, Wutschitz 2021,
   https://arxiv.org/abs/2106.02848) through Opacus' ``PRVAccountant``. Returns the upper end of an interval
   of width ``eps_error=0.01``, so it is a guarantee up to that numerical error, about as tight as PLD.
@@ -227,13 +228,18 @@ def _rdp_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:
 PLD_EPSILON_CAP = 50.0
 """Above this RDP epsilon the ``"pld"`` accountant reports the RDP bound: PLD's grid of privacy losses grows like
 ``1 / (noise_multiplier^2 * interval)`` and would need gigabytes, while tightness no longer matters."""
+PLD_MAX_STEPS = 10**6
+"""Beyond this many steps the ``"pld"`` accountant reports the RDP bound: one composition takes seconds at a million
+steps and minutes at a hundred million (a budget search can ask for those)."""
 
 
 def _pld_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:
     from lightning_dprobust.core.pld import pld_epsilon
 
     rdp = _rdp_epsilon(events, delta)
-    return rdp if rdp > PLD_EPSILON_CAP else pld_epsilon(events, delta)
+    if rdp > PLD_EPSILON_CAP or sum(e.steps for e in events) > PLD_MAX_STEPS:
+        return rdp
+    return pld_epsilon(events, delta)
 
 
 def _prv_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:

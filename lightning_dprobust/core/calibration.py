@@ -28,6 +28,8 @@ from lightning_dprobust.core.accounting import (
 _MAX_NOISE_MULTIPLIER = 1e4
 _MIN_NOISE_MULTIPLIER = 1e-3
 _MAX_BUDGET_STEPS = 1 << 40
+BUDGET_REL_TOL = 1e-3
+"""How far below the largest affordable number of steps the pld and prv budget searches may stop."""
 
 
 def calibrate_noise_multiplier(
@@ -112,25 +114,32 @@ def max_steps_within_budget(
     at most ``epsilon_budget`` at ``delta``; 0 if even one more step exceeds it.
 
     Exponential then binary search, assuming epsilon is non-decreasing in the number of steps (true for every
-    accountant here). Costs ``O(log n)`` epsilon evaluations: seconds each with ``accountant="prv"``. Refuses the
-    ``"gdp"`` approximation with ``ValueError``.
+    accountant here). With ``"rdp"`` (milliseconds per evaluation) the result is exactly the largest ``n``. With
+    ``"pld"`` and ``"prv"`` (up to seconds per evaluation) the search starts from the RDP answer, which they never
+    fall short of, and stops within ``BUDGET_REL_TOL`` (0.1 %) below the largest ``n``: never above the budget.
+    Refuses the ``"gdp"`` approximation with ``ValueError``.
     """
     check_guaranteed_accountant(accountant, "an epsilon_budget")
     if not (epsilon_budget >= 0 and math.isfinite(epsilon_budget)):
         raise ValueError(f"epsilon_budget={epsilon_budget!r} must be a finite number >= 0")
-    epsilon_after = _epsilon_after(PrivacyLedger(history).history, noise_multiplier, sample_rate, delta, accountant)
+    past = PrivacyLedger(history).history
+    epsilon_after = _epsilon_after(past, noise_multiplier, sample_rate, delta, accountant)
 
     def within(extra: int) -> bool:
         return epsilon_after(extra) <= epsilon_budget
 
-    if not within(1):
+    start, tolerance = 1, 0.0
+    if accountant != "rdp":
+        rdp_steps = max_steps_within_budget(epsilon_budget, delta, noise_multiplier, sample_rate, "rdp", past)
+        start, tolerance = (rdp_steps if rdp_steps > 1 and within(rdp_steps) else 1), BUDGET_REL_TOL
+    if not within(start):
         return 0
-    good, bad = 1, 2
+    good, bad = start, 2 * start
     while within(bad):
         if bad >= _MAX_BUDGET_STEPS:
             raise ValueError(f"epsilon_budget={epsilon_budget} allows more than {bad} steps; it is no real limit")
         good, bad = bad, 2 * bad
-    while bad - good > 1:
+    while bad - good > max(1, int(tolerance * good)):
         mid = (good + bad) // 2
         good, bad = (mid, bad) if within(mid) else (good, mid)
     return good

@@ -9,6 +9,7 @@ import pytest
 from lightning_dprobust.core.accounting import (
     DEFAULT_ACCOUNTANT,
     PLD_EPSILON_CAP,
+    PLD_MAX_STEPS,
     ApproximateAccountingWarning,
     epsilon_for,
     gdp_mu_to_epsilon,
@@ -79,3 +80,10 @@ def test_gdp_under_reports_warns_and_cannot_calibrate():
 class _Event:
     def __init__(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
         self.noise_multiplier, self.sample_rate, self.steps = noise_multiplier, sample_rate, steps
+
+
+def test_pld_reports_the_rdp_bound_beyond_a_million_steps_and_budgets_stay_fast():
+    history = [(5.0, 0.001, PLD_MAX_STEPS + 1)]
+    assert epsilon_for(history, 1e-5, "pld") == epsilon_for(history, 1e-5, "rdp")
+    steps = max_steps_within_budget(10.0, 1e-5, 5.0, 0.001, accountant="pld")
+    assert steps >= max_steps_within_budget(10.0, 1e-5, 5.0, 0.001, accountant="rdp") > PLD_MAX_STEPS

@@ -282,7 +282,7 @@ CATALOGUE = [
     Bad("target-epsilon-negative", fit(dp(target_epsilon=-3.0)), r"target_epsilon=-3.0\) must be a finite number"),
     Bad("noise-and-target", fit(dp(noise_multiplier=1.0)), r"needs exactly one of noise_multiplier or target_eps"),
     Bad("neither-noise-nor-target", fit(dp(**NO_NOISE)), r"needs exactly one of noise_multiplier or target_epsilon"),
-    Bad("unknown-accountant", fit(dp(accountant="moments")), r"accountant='moments'\) must be one of \('rdp', 'prv'"),
+    Bad("unknown-accountant", fit(dp(accountant="moments")), r"accountant='moments'\) must be one of \('pld', 'rdp'"),
     Bad("unknown-clipping", fit(dp(clipping="nope")), r"clipping='nope'\) must be one of"),
     Bad("budget-below-one-step", fit(dp(**NO_NOISE, noise_multiplier=1.0, epsilon_budget=1e-4)),
         r"epsilon_budget=0.0001\) is smaller than the epsilon of a single step"),

@@ -160,11 +160,13 @@ class TrainedModel:
         module: the trained module, in eval mode.
         epsilon: the claimed epsilon (``inf`` without DP).
         delta: the delta of that claim (``None`` without DP).
+        history: the run's privacy ledger as ``(noise_multiplier, sample_rate, steps)`` events (empty without DP).
     """
 
     module: ClassifierModule
     epsilon: float
     delta: float | None
+    history: tuple[tuple[float, float, int], ...] = ()
 
 
 def _accelerator(device: str | torch.device) -> str:
@@ -201,7 +203,8 @@ def train_classifier(
         trainer.fit(module, _DatasetModule(dataset, recipe.batch_size, recipe.seed))
     if not callbacks:
         return TrainedModel(module.eval(), math.inf, None)
-    return TrainedModel(module.eval(), callbacks[0].epsilon(), callbacks[0].delta)
+    history = tuple((e.noise_multiplier, e.sample_rate, e.steps) for e in callbacks[0].ledger.history)
+    return TrainedModel(module.eval(), callbacks[0].epsilon(), callbacks[0].delta, history)
 
 
 @contextlib.contextmanager
@@ -277,6 +280,7 @@ class CanaryReport:
         scores: each canary's score (minus the loss of its flipped label).
         included: which canaries were in the training set.
         test_accuracy: accuracy on the held-out examples that are not canaries.
+        history: the run's privacy ledger, ``(noise_multiplier, sample_rate, steps)`` events (empty without DP).
     """
 
     audit: OneRunAudit
@@ -286,6 +290,7 @@ class CanaryReport:
     scores: np.ndarray
     included: np.ndarray
     test_accuracy: float
+    history: tuple[tuple[float, float, int], ...] = ()
 
 
 def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,4 +332,4 @@ def canary_audit(
     tested_delta = delta if delta is not None else (trained.delta if trained.delta is not None else 1e-5)
     audit = audit_guesses(scores, included, beta=beta, delta=tested_delta)
     roc = roc_metrics(scores, included) if 0 < included.sum() < len(included) else None
-    return CanaryReport(audit, trained.epsilon, trained.delta, roc, scores, included, accuracy)
+    return CanaryReport(audit, trained.epsilon, trained.delta, roc, scores, included, accuracy, trained.history)

@@ -26,7 +26,7 @@ from lightning_dprobust.callbacks.dp_guard import PrivateStepGuard
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, resolve_delta, steps_within_budget
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
-from lightning_dprobust.core.accounting import ACCOUNTANTS, PrivacyLedger
+from lightning_dprobust.core.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger
 from lightning_dprobust.core.engines import ENGINES, build_clipper
 from lightning_dprobust.core.per_sample import CLIPPING_RULES, gaussian_noise_like
 
@@ -62,7 +62,8 @@ class DPCallback(Callback):
 
     Guarantees:
         The released parameters satisfy ``(epsilon, delta)``-DP with respect to adding or removing one training
-        example, with ``epsilon`` as reported by the chosen accountant (``rdp`` default, ``prv``, ``gdp``).
+        example, with ``epsilon`` as reported by the chosen accountant (``pld`` default, ``prv``, ``rdp``; ``gdp`` is
+        only an approximation, see :mod:`lightning_dprobust.core.accounting`).
         The ledger is part of the checkpoint, so a resumed run reports the epsilon of all steps taken; under
         ``target_epsilon`` a resume recalibrates the remaining steps against it (or refuses), and training stops
         before any step would exceed ``target_epsilon`` or ``epsilon_budget``.
@@ -81,7 +82,8 @@ class DPCallback(Callback):
         target_epsilon: calibrate ``sigma`` so that the planned steps (``max_epochs`` or ``max_steps``) spend at
             most this epsilon (and within 0.5% of it).
         delta: the delta of the guarantee; default ``1 / (10 n)`` rounded down to a power of ten.
-        accountant: ``"rdp"``, ``"prv"`` or ``"gdp"``.
+        accountant: ``"pld"`` (tightest guarantee), ``"prv"``, ``"rdp"``, or ``"gdp"`` (an approximation, which
+            can neither calibrate ``target_epsilon`` nor bound ``epsilon_budget``).
         epsilon_budget: stop training before a step would spend more than this epsilon.
         sample_rate: Poisson inclusion probability; default ``batch_size * world_size / n``.
         poisson_sampling: ``False`` keeps the data module's loader (approximate accounting; logged loudly).
@@ -107,7 +109,7 @@ class DPCallback(Callback):
         noise_multiplier: float | None = None,
         target_epsilon: float | None = None,
         delta: float | None = None,
-        accountant: str = "rdp",
+        accountant: str = DEFAULT_ACCOUNTANT,
         epsilon_budget: float | None = None,
         sample_rate: float | None = None,
         poisson_sampling: bool = True,

@@ -7,6 +7,9 @@ Two modes, chosen by the flags:
   non-members its validation and test splits.
 * ``dprobust audit --config CONFIG --canaries M [--epochs N] [--no-dp]``: the one-run audit of Steinke et al. 2023
   (:func:`lightning_dprobust.audit.runner.canary_audit`): prints the claimed epsilon and the empirical lower bound.
+* ``dprobust audit --config CONFIG --white-box [--gradient-canaries M] [--canaries M]``: the white-box one-run audit
+  with Dirac gradient canaries (:func:`lightning_dprobust.audit.white_box_audit`) next to the black-box canary audit
+  (default 200 canaries) and the claimed epsilon.
 
 Usage errors raise ``ValueError`` naming the flag; ``dprobust`` reports them in one line with exit status 2.
 """
@@ -28,6 +31,7 @@ from lightning_dprobust.audit.runner import (
     load_recipe,
     zoo_recipe,
 )
+from lightning_dprobust.audit.white_box import WhiteBoxReport, white_box_audit
 from lightning_dprobust.cli.args import CommandParser, add_output_flags, resolve_device
 from lightning_dprobust.data import DATAMODULES
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
@@ -46,6 +50,8 @@ def _parser() -> CommandParser:
     add("--batch-size", type=int, default=256, help="--ckpt mode without --config: shadow batch size (default: 256)")
     add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt)")
     add("--canaries", type=int, help="one-run audit with this many canaries (needs --config)")
+    add("--white-box", action="store_true", help="white-box one-run audit with gradient canaries (needs --config)")
+    add("--gradient-canaries", type=int, default=1000, help="--white-box: gradient canaries (default: 1000)")
     add("--epochs", type=int, help="epochs of every model this command trains (default: the recipe's, else 40)")
     add("--no-dp", action="store_true", help="drop the config's DPCallback (no clipping, no noise)")
     add("--target-epsilon", type=float, help="override the DPCallback's target_epsilon")
@@ -57,13 +63,19 @@ def _parser() -> CommandParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if (args.ckpt is None) == (args.canaries is None):
-        raise ValueError("dprobust audit: give either --ckpt (membership attacks) or --canaries with --config")
-    if args.canaries is not None and args.config is None:
-        raise ValueError("--canaries needs --config, the training recipe to audit (e.g. configs/dpsgd/digits.yaml)")
+    if (args.ckpt is None) == (args.canaries is None and not args.white_box):
+        raise ValueError(
+            "dprobust audit: give either --ckpt (membership attacks) or --canaries / --white-box with --config"
+        )
+    if (args.canaries is not None or args.white_box) and args.config is None:
+        flag = "--white-box" if args.white_box else "--canaries"
+        raise ValueError(f"{flag} needs --config, the training recipe to audit (e.g. configs/dpsgd/digits.yaml)")
+    if args.white_box and args.no_dp:
+        raise ValueError("--white-box audits a DP run (gradient canaries are private examples): drop --no-dp")
     checks = [
         ("--canaries", args.canaries, args.canaries is None or args.canaries >= 2, "an integer >= 2"),
         ("--shadows", args.shadows, args.shadows >= 0, "an integer >= 0"),
+        ("--gradient-canaries", args.gradient_canaries, args.gradient_canaries >= 2, "an integer >= 2"),
         ("--epochs", args.epochs, args.epochs is None or args.epochs >= 1, "an integer >= 1"),
         ("--batch-size", args.batch_size, args.batch_size >= 1, "an integer >= 1"),
         ("--beta", args.beta, 0 < args.beta < 1, "in (0, 1)"),
@@ -151,6 +163,44 @@ def _canary_mode(args: argparse.Namespace, device: str) -> None:
     _finish(args, Path(args.out), summary, metrics, {})
 
 
+def format_white_box_report(white: WhiteBoxReport, black: CanaryReport, label: str) -> str:
+    """Markdown: the white-box and black-box lower bounds of one recipe next to the epsilon it claims."""
+    header = ["run", "audit", "canaries", "claimed epsilon", "epsilon lower bound", "correct/guesses"]
+    rows = [
+        [label, f"white-box (gradient canaries, {white.score} score)", white.audit.num_canaries,
+         _claimed(white.claimed_epsilon), f"{white.audit.epsilon_lower_bound:.3f}",
+         f"{white.audit.correct}/{white.audit.guesses}"],
+        [label, "black-box (mislabeled canaries)", black.audit.num_canaries, _claimed(black.claimed_epsilon),
+         f"{black.audit.epsilon_lower_bound:.3f}", f"{black.audit.correct}/{black.audit.guesses}"],
+    ]  # fmt: skip
+    return (
+        f"{markdown_table(header, rows)}\n\nOne-run audits (Steinke, Nasr, Jagielski 2023, arXiv 2305.08846), each a "
+        f"separate training run of the recipe; lower bounds at {100 * (1 - black.audit.beta):g}% confidence for "
+        f"delta={black.audit.delta:g}. White-box: Dirac gradient canaries scored from every step's private gradient."
+    )
+
+
+def _white_box_mode(args: argparse.Namespace, device: str) -> None:
+    recipe, datamodule = load_recipe(args.config)
+    recipe = _adjust(recipe, args)
+    audit_args = {"beta": args.beta, "delta": args.delta, "device": device}
+    white = white_box_audit(recipe, datamodule, args.gradient_canaries, seed=args.seed or 0, **audit_args)
+    black = canary_audit(recipe, datamodule, args.canaries or 200, **audit_args)
+    config = Path(args.config)
+    summary = format_white_box_report(white, black, f"{config.parent.name}/{config.stem}")
+    print(f"\n{summary}\n")
+    print(
+        f"claimed epsilon: {_claimed(white.claimed_epsilon)}; empirical lower bounds: white-box "
+        f"{white.audit.epsilon_lower_bound:.3f}, black-box {black.audit.epsilon_lower_bound:.3f}"
+    )
+    metrics = {
+        "white_box/epsilon_lower_bound": white.audit.epsilon_lower_bound,
+        "white_box/claimed_epsilon": white.claimed_epsilon,
+        "canary/epsilon_lower_bound": black.audit.epsilon_lower_bound,
+    }
+    _finish(args, Path(args.out), summary, metrics, {})
+
+
 # --------------------------------------------------------------------------------------------------- membership
 def format_membership_report(report: MembershipReport) -> str:
     """Markdown: one row per attack (AUC, best balanced accuracy, TPR at 0.1% and 1% FPR) and the low-FPR caveat."""
@@ -211,7 +261,9 @@ def audit_command(argv: Sequence[str]) -> None:
     args = _parser().parse_args(argv)
     _check(args)
     device = str(resolve_device(args.device))
-    if args.canaries is not None:
+    if args.white_box:
+        _white_box_mode(args, device)
+    elif args.canaries is not None:
         _canary_mode(args, device)
     else:
         _membership_mode(args, device)

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from lightning_dprobust.checkpoint_io import check_state_dict_fits, read_checkpoint
-from lightning_dprobust.methods.base import CLASS_KEY, ClassifierModule
+from lightning_dprobust.methods.base import CLASS_KEY
+from lightning_dprobust.methods.registry import method_class
 
 
 def load_classifier(source: str, map_location: str | torch.device = "cpu") -> nn.Module:
     """Return the model in eval mode from ``source``: a ``.ckpt`` path written by ``dprobust fit``, or a zoo name.
 
-    Checkpoints are read with ``weights_only=True``: a file that would need to execute pickled code is refused.
+    Checkpoints are read with ``weights_only=True``: a file that would need to execute pickled code is refused. The
+    class a checkpoint names is looked up in :mod:`lightning_dprobust.methods.registry`; reading a checkpoint never
+    imports a module.
 
     Raises:
         FileNotFoundError: ``source`` is neither an existing file nor a zoo entry.
-        ValueError: the checkpoint was not written by a lightning-dprobust module.
+        ValueError: the checkpoint was not written by a lightning-dprobust module, or names an unregistered class.
         CheckpointError: (a ``ValueError``) the file is truncated, holds pickled code, or does not fit its model.
     """
     path = Path(source)
@@ -40,10 +42,7 @@ def _from_checkpoint(path: Path, map_location) -> nn.Module:
             f"{path} has no '{CLASS_KEY}' entry: it was not written by a lightning-dprobust method "
             "(train with `dprobust fit`, or load the model yourself)"
         )
-    module_name, _, class_name = qualified.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    if not (isinstance(cls, type) and issubclass(cls, ClassifierModule)):
-        raise ValueError(f"{path} names {qualified}, which is not a lightning_dprobust ClassifierModule")
+    cls = method_class(qualified, source=str(path))
     hyper_parameters = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
     module = cls(**hyper_parameters)  # LightningCLI adds "_class_path" and "_instantiator" to the hyper-parameters
     check_state_dict_fits(module, checkpoint["state_dict"], str(path))

@@ -24,6 +24,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dprobust.checkpoint_io import check_state_dict_fits
 from lightning_dprobust.data.validation import check_batch
+from lightning_dprobust.methods.registry import qualified_name, register_project_method
 from lightning_dprobust.models import create_model
 
 TrainInputs = tuple[Tensor, ...]
@@ -31,7 +32,8 @@ InputTransform = Callable[["ClassifierModule", TrainInputs], TrainInputs]
 PrivateStep = Callable[[TrainInputs], Tensor]
 
 CLASS_KEY = "dprobust_class"
-"""Checkpoint key holding ``module:QualName`` of the LightningModule that wrote it."""
+"""Checkpoint key holding ``module:QualName`` of the LightningModule that wrote it, looked up in
+:mod:`lightning_dprobust.methods.registry` when loading (never imported)."""
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
@@ -54,6 +56,10 @@ class ClassifierModule(L.LightningModule):
         weight_decay: L2 penalty (acts on the parameters, not the data, so it costs no privacy).
         lr_schedule: ``"constant"`` or ``"cosine"`` (cosine annealing over ``trainer.max_epochs``).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        register_project_method(cls)
 
     def __init__(
         self,
@@ -149,7 +155,7 @@ class ClassifierModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the module's class so :func:`lightning_dprobust.cli.loading.load_classifier` can rebuild it."""
-        checkpoint[CLASS_KEY] = f"{type(self).__module__}:{type(self).__qualname__}"
+        checkpoint[CLASS_KEY] = qualified_name(type(self))
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
@@ -162,3 +168,6 @@ class ClassifierModule(L.LightningModule):
             return optimizer
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.trainer.max_epochs or 1))
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+
+register_project_method(ClassifierModule)

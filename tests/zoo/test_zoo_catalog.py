@@ -18,7 +18,7 @@ import pytest
 import yaml
 from opacus.accountants.analysis import rdp as opacus_rdp
 
-from lightning_dprobust.core.accounting import DEFAULT_RDP_ORDERS
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, DEFAULT_RDP_ORDERS
 from lightning_dprobust.models import create_model, list_models
 from lightning_dprobust.models.timm_models import is_timm_model
 from lightning_dprobust.zoo import Zoo
@@ -91,7 +91,7 @@ def test_kind_specific_meta(name):
     if privacy is None:
         assert "eps" not in RAW[name]["name"].split(".")[1], "a non-private entry must not carry an epsilon tag"
         return
-    assert set(privacy) == PRIVACY and privacy["accountant"] in ("rdp", "prv", "gdp")
+    assert set(privacy) == PRIVACY and privacy["accountant"] in ("pld", "rdp", "prv")
     assert 0 < privacy["delta"] < 1e-4 and privacy["max_grad_norm"] > 0
     if RAW[name]["status"] == "shipped":
         assert all(value is not None for value in privacy.values())
@@ -190,7 +190,7 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
     if privacy is not None:
         args = callbacks[0]["init_args"]
         assert privacy["delta"] == args["delta"] and privacy["max_grad_norm"] == args["max_grad_norm"]
-        assert privacy["accountant"] == args.get("accountant", "rdp")
+        assert privacy["accountant"] == args.get("accountant", DEFAULT_ACCOUNTANT)
         if args.get("noise_multiplier") is not None:
             assert privacy["noise_multiplier"] == args["noise_multiplier"]
         if args.get("target_epsilon") is not None and privacy["epsilon"] is not None:

@@ -165,9 +165,10 @@ def white_box_audit(
     canaries = TensorDataset(images, torch.zeros(len(slots), dtype=torch.long), slots)
     max_grad_norm = float(recipe.dp.get("max_grad_norm", 1.0))
     method = with_gradient_canaries(recipe.module_class, num_canaries, max_grad_norm, seed)
-    trained = train_classifier(
-        recipe.replace(module_class=method), ConcatDataset([_RealExamples(train), canaries]), datamodule, device
-    )
+    # A canary's gradient is a loss term on the parameters themselves, outside any layer: only the vmap engine sees
+    # it (the ghost engine derives gradients from layer activations), so the audited run uses vmap.
+    audited = recipe.replace(module_class=method, dp=recipe.dp | {"engine": "vmap"})
+    trained = train_classifier(audited, ConcatDataset([_RealExamples(train), canaries]), datamodule, device)
     scores = canary_scores(torch.stack(trained.module.canary_gradients).numpy())
     tested_delta = delta if delta is not None else trained.delta
     audits = {

@@ -20,16 +20,10 @@ from pathlib import Path
 
 from lightning_dprobust.audit.membership import ATTACKS, MembershipReport
 from lightning_dprobust.audit.roc import LOW_FPRS, low_fpr_note, plot_roc
-from lightning_dprobust.audit.runner import (
-    CanaryReport,
-    Recipe,
-    canary_audit,
-    checkpoint_membership_audit,
-    load_recipe,
-    zoo_recipe,
-)
+from lightning_dprobust.audit.runner import CanaryReport, canary_audit, checkpoint_membership_audit, zoo_recipe
 from lightning_dprobust.cli.args import CommandParser, add_output_flags, resolve_device
 from lightning_dprobust.data import DATAMODULES
+from lightning_dprobust.recipes import Recipe, load_recipe
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
 from lightning_dprobust.zoo.catalog import ZooError
 
@@ -82,16 +76,12 @@ def _check(args: argparse.Namespace) -> None:
 
 def _adjust(recipe: Recipe, args: argparse.Namespace) -> Recipe:
     """Apply ``--epochs``, ``--no-dp``, ``--target-epsilon`` and ``--seed`` to ``recipe``."""
-    changes: dict = {}
-    if args.epochs is not None:
-        changes["max_epochs"] = args.epochs
-    if args.seed is not None:
-        changes["seed"] = args.seed
+    changes: dict = {"max_epochs": args.epochs, "seed": args.seed}
     if args.no_dp:
         changes["dp"] = None
     elif args.target_epsilon is not None:
         if recipe.dp is None:
-            raise ValueError("--target-epsilon needs a config with a DPCallback (drop --no-dp)")
+            raise ValueError("--target-epsilon needs a config with a `dp` group (drop --no-dp)")
         dp = {key: value for key, value in recipe.dp.items() if key != "noise_multiplier"}
         changes["dp"] = dp | {"target_epsilon": args.target_epsilon}
     return recipe.replace(**changes)
@@ -167,14 +157,14 @@ def format_membership_report(report: MembershipReport) -> str:
     )
 
 
-def _shadow_recipe(args: argparse.Namespace, model: object) -> Recipe:
+def _shadow_recipe(args: argparse.Namespace, model: object, datamodule: object) -> Recipe:
     """``--config``, else the checkpoint's own hyperparameters, else the zoo entry's recipe."""
     from lightning_dprobust.methods.base import ClassifierModule
 
     if args.config is not None:
         return _adjust(load_recipe(args.config)[0], args)
     if isinstance(model, ClassifierModule):
-        return _adjust(Recipe.from_module(model, args.batch_size, args.epochs or 40), args)
+        return _adjust(Recipe.from_module(model, datamodule, args.batch_size, args.epochs or 40), args)
     try:
         return _adjust(zoo_recipe(args.ckpt)[0], args)
     except ZooError as error:
@@ -192,8 +182,8 @@ def _membership_mode(args: argparse.Namespace, device: str) -> None:
         model = load_classifier(args.ckpt)
     except ZooError as error:
         raise ValueError(f"--ckpt {args.ckpt!r} is not a usable zoo entry or checkpoint file: {error}") from error
-    recipe = _shadow_recipe(args, model) if {"shadow", "lira"} & set(attacks) else None
     datamodule = DATAMODULES[args.data](data_dir=args.data_dir, seed=args.split_seed)
+    recipe = _shadow_recipe(args, model, datamodule) if {"shadow", "lira"} & set(attacks) else None
     report = checkpoint_membership_audit(model, datamodule, recipe, args.shadows, attacks, args.seed or 0, device)
     summary = format_membership_report(report)
     print(f"\n{args.ckpt} on {args.data}:\n\n{summary}")

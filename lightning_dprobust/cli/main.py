@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -15,7 +16,11 @@ USER_ERRORS = (MisconfigurationException, DatasetNotFoundError, FileNotFoundErro
 
 
 def run_lightning(args: Sequence[str]) -> None:
-    DProbustCLI(args=args)
+    """``fit|validate|test`` through :class:`DProbustCLI`; ``args`` is the whole command line, so LightningCLI's
+    warning about ``args`` given next to ``sys.argv`` does not apply."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        DProbustCLI(args=args)
 
 
 SUBCOMMANDS = ("certify", "attack", "audit", "zoo")

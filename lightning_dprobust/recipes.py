@@ -72,7 +72,8 @@ class DProbustCLI(LightningCLI):
             parser.link_arguments(f"data.{attribute}", f"model.init_args.{attribute}", apply_on="instantiate")
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> L.Trainer:
-        """Add the ``dp`` group's callback (absent: no DP) and the summary's metric tracker; refuse a second ``DPCallback`` in ``trainer.callbacks``."""
+        """Add the ``dp`` group's callback (absent: no DP) and the summary's metric tracker; refuse a
+        ``DPCallback`` listed in ``trainer.callbacks`` (it would be a second one, or bypass the group)."""
         callbacks = [callback for callback in callbacks if callback is not None]
         listed = config.get("callbacks") or []
         listed = listed if isinstance(listed, list) else [listed]
@@ -142,7 +143,11 @@ def quiet_overrides(workdir: str | Path, device: str | torch.device | None = Non
     ]
     if device is None:
         return quiet
-    return [*quiet, f"--trainer.accelerator={'gpu' if torch.device(device).type == 'cuda' else 'cpu'}", "--trainer.devices=1"]
+    return [
+        *quiet,
+        f"--trainer.accelerator={'gpu' if torch.device(device).type == 'cuda' else 'cpu'}",
+        "--trainer.devices=1",
+    ]
 
 
 _KEEP = object()

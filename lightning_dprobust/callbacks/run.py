@@ -90,7 +90,9 @@ def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
     if dp is None:
         privacy = "no DP (epsilon = inf)"
     else:
-        privacy = f"epsilon {dp.epsilon():.4g} at delta {dp.delta:.3g} ({dp.accountant} accountant), {dp.ledger.steps} steps"
+        privacy = (
+            f"epsilon {dp.epsilon():.4g} at delta {dp.delta:.3g} ({dp.accountant} accountant), {dp.ledger.steps} steps"
+        )
     best = next((callback for callback in trainer.callbacks if isinstance(callback, BestValidation)), None)
     if best is None or best.best is None:
         validation = f"no {VALIDATION_METRIC} logged"

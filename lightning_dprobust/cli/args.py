@@ -1,11 +1,19 @@
-"""Argument parsing shared by the ``dprobust certify|attack|audit`` subcommands."""
+"""Arguments and helpers shared by the ``dprobust certify|attack|audit`` subcommands: the parser, the output flags,
+the device, the checkpoints to evaluate and the split to evaluate them on."""
 
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from lightning_dprobust.cli.loading import load_classifier
+from lightning_dprobust.data import DATAMODULES
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -36,3 +44,80 @@ def resolve_device(name: str) -> torch.device:
         return torch.device(name)
     except RuntimeError as error:
         raise ValueError(f"--device {name!r} is not a torch device: use cpu, cuda or cuda:N") from error
+
+
+_STAGES = {"train": "fit", "val": "validate", "test": "test"}
+
+
+def evaluation_parser(command: str, description: str, batch_size: int) -> CommandParser:
+    parser = CommandParser(prog=f"dprobust {command}", description=description)
+    add = parser.add_argument
+    add(
+        "--ckpt",
+        action="append",
+        required=True,
+        metavar="PATH_OR_ZOO_NAME",
+        help="a .ckpt written by `dprobust fit` or a zoo entry name; repeat to evaluate several models",
+    )
+    add("--data", default="digits", choices=sorted(DATAMODULES), help="data module (default: digits)")
+    add("--split", default="test", choices=sorted(_STAGES), help="split to evaluate (default: test)")
+    add("--data-dir", default=None, help="dataset folder (default: $DPROBUST_DATA/<data>)")
+    add("--max-examples", type=int, default=None, help="evaluate at most this many examples")
+    add("--batch-size", type=int, default=batch_size, help=f"inputs per forward pass (default: {batch_size})")
+    add("--seed", type=int, default=0, help="random seed (default: 0)")
+    add_output_flags(parser, command)
+    return parser
+
+
+def require(ok: bool, flag: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{flag} must be {expected}, got {value!r}")
+
+
+def check_common(args: argparse.Namespace) -> None:
+    require(args.batch_size >= 1, "--batch-size", args.batch_size, "an integer >= 1")
+    require(args.max_examples is None or args.max_examples >= 1, "--max-examples", args.max_examples, ">= 1")
+
+
+def labels(sources: Sequence[str]) -> list[str]:
+    """Folder and legend names: a checkpoint file's stem or a zoo name, made unique with ``-2``, ``-3``, ..."""
+    labels: list[str] = []
+    for source in sources:
+        path = Path(source)
+        base = path.stem if path.suffix == ".ckpt" or path.exists() else source
+        label, copy = base, 2
+        while label in labels:
+            label, copy = f"{base}-{copy}", copy + 1
+        labels.append(label)
+    return labels
+
+
+def load_models(sources: Sequence[str], device: torch.device) -> dict[str, nn.Module]:
+    """All models by label, loaded before any evaluation starts so a bad ``--ckpt`` fails fast."""
+    from lightning_dprobust.zoo.catalog import ZooError
+
+    models = {}
+    for label, source in zip(labels(sources), sources, strict=True):
+        try:
+            models[label] = load_classifier(source).to(device)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"--ckpt: {error}") from error
+        except ZooError as error:
+            raise ValueError(f"--ckpt {source!r} is not a usable zoo entry or checkpoint file: {error}") from error
+    return models
+
+
+def load_split(args: argparse.Namespace) -> tuple[Dataset, int]:
+    datamodule = DATAMODULES[args.data](data_dir=args.data_dir)
+    datamodule.setup(_STAGES[args.split])
+    dataset = getattr(datamodule, f"{args.split}_set")
+    if dataset is None:
+        raise ValueError(f"--data {args.data} has no {args.split!r} split: choose another --split")
+    return dataset, datamodule.num_classes
+
+
+def report_paths(paths: Sequence[Path | None]) -> None:
+    print("\nwrote:")
+    for path in paths:
+        if path is not None:
+            print(f"  {path}")

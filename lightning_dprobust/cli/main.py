@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -23,15 +24,27 @@ def run_lightning(args: Sequence[str]) -> None:
         DProbustCLI(args=args)
 
 
-SUBCOMMANDS = ("certify", "attack", "audit", "zoo")
-"""``dprobust`` subcommands outside LightningCLI (the rest go to ``fit|validate|test``)."""
+COMMANDS: dict[str, tuple[str, str]] = {
+    "certify": ("lightning_dprobust.cli.certify", "certify_command"),
+    "attack": ("lightning_dprobust.cli.attack", "attack_command"),
+    "audit": ("lightning_dprobust.cli.audit", "audit_command"),
+    "zoo": ("lightning_dprobust.cli.zoo", "zoo_command"),
+}
+"""``dprobust`` subcommands outside LightningCLI (the rest go to ``fit|validate|test``): module and function, each
+function taking the arguments after the name. Imported on use, so ``dprobust fit`` does not load the evaluation
+stack."""
+
+SUBCOMMANDS = tuple(COMMANDS)
+
+
+def command(name: str) -> Callable[[Sequence[str]], None]:
+    """The function of subcommand ``name``, imported now."""
+    module, function = COMMANDS[name]
+    return getattr(importlib.import_module(module), function)
 
 
 def _run_subcommand(name: str, args: Sequence[str]) -> None:
-    """Import lazily, so ``dprobust fit`` does not load the evaluation stack."""
-    from lightning_dprobust.cli.evaluate import COMMANDS
-
-    COMMANDS[name](args)
+    command(name)(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

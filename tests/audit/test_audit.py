@@ -31,9 +31,9 @@ from lightning_dprobust.audit.membership import (
 )
 from lightning_dprobust.audit.roc import roc_auc, roc_curve, roc_metrics, tpr_at_fpr
 from lightning_dprobust.audit.runner import RecipeTrainer, audit_splits, canary_audit, train_classifier
-from lightning_dprobust.cli import evaluate as commands
 from lightning_dprobust.cli import main
 from lightning_dprobust.cli.audit import audit_command
+from lightning_dprobust.cli.main import command
 from lightning_dprobust.methods import DPSGD
 from lightning_dprobust.recipes import load_recipe
 from tests.helpers import digits, quiet_trainer, read_wandb_history
@@ -253,7 +253,7 @@ def test_shadow_and_lira_attacks_detect_an_overfit_model(recipe_and_data, small_
 
 # ------------------------------------------------------------------------------------------------------- CLI
 def test_audit_is_a_dprobust_subcommand():
-    assert commands.COMMANDS["audit"] is audit_command
+    assert command("audit") is audit_command
 
 
 @pytest.fixture(scope="module")

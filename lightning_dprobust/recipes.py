@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dprobust.callbacks import DPCallback
+from lightning_dprobust.callbacks.guard import TrainingGuard
 from lightning_dprobust.callbacks.run import BestValidation, SaveConfigOnce, report_fit
 from lightning_dprobust.checkpoint_io import read_checkpoint
 from lightning_dprobust.data.base import ImageDataModule
@@ -42,11 +43,12 @@ class DProbustCLI(LightningCLI):
     """LightningCLI whose model and data are any :class:`ClassifierModule` / :class:`ImageDataModule` subclass.
 
     The data module's ``num_classes``, ``input_shape``, ``mean`` and ``std`` are linked into the model, so a config
-    names the dataset once; the optional ``dp`` group is a :class:`DPCallback` added to the trainer. Checkpoints are
-    written atomically (:class:`AtomicCheckpointIO`), ``--ckpt_path`` is read with ``weights_only=True`` before
-    Lightning touches it, ``config.yaml`` is written once training starts and never over another run's (see
-    :class:`~lightning_dprobust.callbacks.run.SaveConfigOnce`), and ``fit`` ends with one summary line (epsilon, delta,
-    accountant, steps, best validation metric).
+    names the dataset once; the optional ``dp`` group is a :class:`DPCallback` added to the trainer, and a
+    :class:`~lightning_dprobust.callbacks.guard.TrainingGuard` stops training at a non-finite loss or weight.
+    Checkpoints are written atomically (:class:`AtomicCheckpointIO`); ``--ckpt_path`` is read with
+    ``weights_only=True`` before Lightning touches it; ``config.yaml`` is written once training starts and never over
+    another run's (:class:`~lightning_dprobust.callbacks.run.SaveConfigOnce`); ``fit`` ends with one summary line
+    (epsilon, delta, accountant, steps, best validation metric).
 
     Args:
         args: the command line (``None``: ``sys.argv``).
@@ -82,7 +84,7 @@ class DProbustCLI(LightningCLI):
                 "DPCallback belongs in the `dp` group, not in trainer.callbacks: write `dp: {target_epsilon: 3.0, ...}`"
                 " in the config or pass --dp.target_epsilon 3.0"
             )
-        return super()._instantiate_trainer(config, [*callbacks, BestValidation()])
+        return super()._instantiate_trainer(config, [*callbacks, TrainingGuard(), BestValidation()])
 
     def _parse_ckpt_path(self) -> None:
         """Read ``--ckpt_path`` safely first: a truncated or unsafe file is one ``CheckpointError`` (exit 2)."""

@@ -98,7 +98,7 @@ def fit(edit: Edit | None = None, *extra: str, resume: Callable[[Path, Path], Pa
 
 
 def dp(**values) -> Edit:
-    return lambda config, folder: config["trainer"]["callbacks"][0]["init_args"].update(values)
+    return lambda config, folder: config["dp"].update(values)
 
 
 def section(name: str, **values) -> Edit:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from lightning_dprobust.callbacks.guard import check_finite
 from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.data import DATAMODULES
 
@@ -93,13 +94,15 @@ def labels(sources: Sequence[str]) -> list[str]:
 
 
 def load_models(sources: Sequence[str], device: torch.device) -> dict[str, nn.Module]:
-    """All models by label, loaded before any evaluation starts so a bad ``--ckpt`` fails fast."""
+    """All models by label, loaded before any evaluation starts so a bad ``--ckpt`` (missing, unsafe, or with
+    non-finite weights) fails fast."""
     from lightning_dprobust.zoo.catalog import ZooError
 
     models = {}
     for label, source in zip(labels(sources), sources, strict=True):
         try:
             models[label] = load_classifier(source).to(device)
+            check_finite(models[label], f"--ckpt {source}")
         except FileNotFoundError as error:
             raise FileNotFoundError(f"--ckpt: {error}") from error
         except ZooError as error:
@@ -114,6 +117,29 @@ def load_split(args: argparse.Namespace) -> tuple[Dataset, int]:
     if dataset is None:
         raise ValueError(f"--data {args.data} has no {args.split!r} split: choose another --split")
     return dataset, datamodule.num_classes
+
+
+def check_models_fit(models: dict[str, nn.Module], dataset: Dataset, num_classes: int, data: str) -> None:
+    """Refuse a model whose input shape or number of classes differs from the data's, before any evaluation."""
+    x = dataset[0][0].unsqueeze(0)
+    for label, model in models.items():
+        expected = (getattr(model, "hparams", None) or {}).get("input_shape")
+        if expected is not None and tuple(expected) != tuple(x.shape[1:]):
+            raise ValueError(
+                f"--ckpt {label} takes inputs of shape {tuple(expected)} but --data {data} has {tuple(x.shape[1:])}: "
+                "pass the --data it was trained on"
+            )
+        try:
+            with torch.no_grad():
+                logits = model(x.to(next(model.parameters()).device))
+        except RuntimeError as error:
+            message = f"--ckpt {label} does not fit --data {data} ({error}): pass the --data it was trained on"
+            raise ValueError(message) from error
+        if logits.shape[-1] != num_classes:
+            raise ValueError(
+                f"--ckpt {label} predicts {logits.shape[-1]} classes but --data {data} has {num_classes}: pass the "
+                "--data it was trained on"
+            )
 
 
 def report_paths(paths: Sequence[Path | None]) -> None:

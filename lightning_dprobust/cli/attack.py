@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from lightning_dprobust.cli.args import (
     CommandParser,
     check_common,
+    check_models_fit,
     evaluation_parser,
     load_models,
     load_split,
@@ -97,6 +98,7 @@ def attack_command(argv: Sequence[str]) -> None:
     names, device = _attack_names(args.attack), resolve_device(args.device)
     models = load_models(args.ckpt, device)
     dataset, num_classes = load_split(args)
+    check_models_fit(models, dataset, num_classes, args.data)
     out, metrics, written = Path(args.out), {}, []
     for label, model in models.items():
         torch.manual_seed(args.seed)

@@ -10,6 +10,7 @@ from pathlib import Path
 from lightning_dprobust.cli.args import (
     CommandParser,
     check_common,
+    check_models_fit,
     evaluation_parser,
     load_models,
     load_split,
@@ -60,6 +61,7 @@ def certify_command(argv: Sequence[str]) -> None:
     _check_certify(args)
     models = load_models(args.ckpt, resolve_device(args.device))
     dataset, num_classes = load_split(args)
+    check_models_fit(models, dataset, num_classes, args.data)
     out, curves, summaries, written = Path(args.out), {}, {}, []
     options = {key: getattr(args, key) for key in ("sigma", "n0", "n", "alpha", "batch_size", "seed", "skip")}
     for label, model in models.items():

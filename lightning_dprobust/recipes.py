@@ -27,7 +27,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.callbacks.guard import TrainingGuard
-from lightning_dprobust.callbacks.run import BestValidation, SaveConfigOnce, report_fit
+from lightning_dprobust.callbacks.run import (
+    BestValidation,
+    SaveConfigOnce,
+    refuse_used_folder,
+    report_fit,
+    require_last_checkpoint,
+    resume_wandb_run,
+)
 from lightning_dprobust.checkpoint_io import read_checkpoint
 from lightning_dprobust.data.base import ImageDataModule
 from lightning_dprobust.methods.base import ClassifierModule
@@ -93,6 +100,18 @@ class DProbustCLI(LightningCLI):
         if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
             read_checkpoint(ckpt_path)
         super()._parse_ckpt_path()
+
+    def before_instantiate_classes(self) -> None:
+        """A resumed fit (``--ckpt_path``) continues the W&B run whose id is stored in its run folder."""
+        if self.subcommand == "fit" and self.config.fit.get("ckpt_path"):
+            resume_wandb_run(self.config.fit)
+
+    def before_fit(self) -> None:
+        """Refuse, before W&B starts a run, a fit into another run's folder and a ``last`` checkpoint that is not
+        there."""
+        refuse_used_folder(self.trainer, self.config.fit.get("ckpt_path"))
+        if self.config.fit.get("ckpt_path") == "last":
+            require_last_checkpoint(self.trainer)
 
     def after_fit(self) -> None:
         report_fit(self.trainer, find_dp_callback(self.trainer))

@@ -8,12 +8,28 @@ import os
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 VALIDATION_METRIC = "val/acc"
 """The validation metric the end-of-fit summary reports the best value of."""
+
+
+def config_path(trainer: L.Trainer, filename: str = "config.yaml") -> str:
+    """Where ``dprobust fit`` writes its config: the run folder (the logger's ``save_dir``, else the root dir)."""
+    return os.path.join(trainer.log_dir or trainer.default_root_dir, filename)
+
+
+def refuse_used_folder(trainer: L.Trainer, ckpt_path: str | None, filename: str = "config.yaml") -> None:
+    """A new fit into a folder that holds another run's config would mix their files: refused, unless resuming."""
+    path = config_path(trainer, filename)
+    exists = trainer.strategy.broadcast(os.path.isfile(path) if trainer.is_global_zero else False)
+    if exists and not ckpt_path:
+        raise MisconfigurationException(
+            f"{path} already exists: this folder holds another run. Resume it with --ckpt_path last, or write "
+            "this run elsewhere with --trainer.default_root_dir (and the logger's save_dir)"
+        )
 
 
 class SaveConfigOnce(SaveConfigCallback):
@@ -22,24 +38,19 @@ class SaveConfigOnce(SaveConfigCallback):
     A fit into a folder that already holds a ``config.yaml`` is refused at setup (before anything is written), unless
     it resumes that run (``--ckpt_path``), which keeps the original file. ``validate``/``test`` write nothing. The
     logger (W&B) receives the ``dp``, ``data`` and ``seed_everything`` groups and the DP parameters resolved at setup
-    (noise multiplier, sample rate, ...).
+    (noise multiplier, sample rate, ...); a W&B logger's run id is stored next to its files (:data:`RUN_ID_FILE`).
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        path = os.path.join(trainer.log_dir or trainer.default_root_dir, self.config_filename)
-        exists = trainer.strategy.broadcast(os.path.isfile(path) if trainer.is_global_zero else False)
-        if exists and not self.config.get("ckpt_path"):
-            raise MisconfigurationException(
-                f"{path} already exists: this folder holds another run. Resume it with --ckpt_path last, or write "
-                "this run elsewhere with --trainer.default_root_dir (and the logger's save_dir)"
-            )
-        self.already_saved = exists
+        if stage == "fit":
+            refuse_used_folder(trainer, self.config.get("ckpt_path"), self.config_filename)
+            self.already_saved = os.path.isfile(config_path(trainer, self.config_filename))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.overwrite = False
-        super().setup(trainer, pl_module, "fit")
+        if not self.already_saved:
+            super().setup(trainer, pl_module, "fit")
+        elif trainer.is_global_zero:  # a resume keeps the folder's config.yaml; its logger run gets the parameters
+            self.save_config(trainer, pl_module, "fit")
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         config = self.config.as_dict()
@@ -49,6 +60,7 @@ class SaveConfigOnce(SaveConfigCallback):
             params["privacy"] = privacy_parameters(dp)
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
+        record_wandb_run_id(trainer)
 
 
 def privacy_parameters(dp: Any) -> dict[str, Any]:
@@ -113,3 +125,50 @@ def report_fit(trainer: L.Trainer, dp: Any | None) -> None:
         if type(logger).__name__ == "WandbLogger" and summary is not None:
             summary["privacy/final_epsilon"] = float(dp.epsilon())
             summary["privacy/delta"] = float(dp.delta)
+            summary["privacy/steps"] = int(dp.ledger.steps)
+
+
+RUN_ID_FILE = "wandb_run_id"
+"""File in a W&B logger's ``save_dir`` holding the id of the run that folder belongs to."""
+
+
+def record_wandb_run_id(trainer: L.Trainer) -> None:
+    """Store each W&B logger's run id in its ``save_dir``, so a resume of this folder continues the same run."""
+    for logger in trainer.loggers:
+        if type(logger).__name__ == "WandbLogger" and logger.save_dir:
+            os.makedirs(logger.save_dir, exist_ok=True)
+            with open(os.path.join(logger.save_dir, RUN_ID_FILE), "w") as stream:
+                stream.write(f"{logger.version}\n")
+
+
+def resume_wandb_run(config: Any) -> None:
+    """On a resume, point the config's W&B logger at the run id stored in its ``save_dir`` (if no id is given)."""
+    trainer = config.get("trainer") or {}
+    logger = trainer.get("logger")
+    if (
+        logger is None
+        or isinstance(logger, bool | list)
+        or not str(logger.get("class_path", "")).endswith("WandbLogger")
+    ):
+        return
+    init_args = logger.get("init_args")
+    save_dir = init_args.get("save_dir") or trainer.get("default_root_dir") or "."
+    path = os.path.join(save_dir, RUN_ID_FILE)
+    if init_args.get("id") is None and os.path.isfile(path):
+        with open(path) as stream:
+            init_args["id"] = stream.read().strip()
+
+
+def require_last_checkpoint(trainer: L.Trainer) -> None:
+    """``--ckpt_path last`` must find a ``last.ckpt`` in the run folder: resuming nothing would retrain from scratch."""
+    found = [
+        path
+        for callback in trainer.checkpoint_callbacks
+        if isinstance(callback, ModelCheckpoint)
+        for path in callback._find_last_checkpoints(trainer)
+    ]
+    if not found:
+        raise FileNotFoundError(
+            f"--ckpt_path last: no last checkpoint in the run folder {trainer.log_dir or trainer.default_root_dir} "
+            "(ModelCheckpoint needs save_last: true); pass the path of a .ckpt, or leave --ckpt_path out to start anew"
+        )

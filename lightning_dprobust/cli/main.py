@@ -21,6 +21,7 @@ def run_lightning(args: Sequence[str]) -> None:
     warning about ``args`` given next to ``sys.argv`` does not apply."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        warnings.filterwarnings("ignore", message=".*LeafSpec")  # a deprecation inside Lightning, on every fit
         DProbustCLI(args=args)
 
 

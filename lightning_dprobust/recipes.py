@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -55,7 +56,8 @@ class DProbustCLI(LightningCLI):
     Checkpoints are written atomically (:class:`AtomicCheckpointIO`); ``--ckpt_path`` is read with
     ``weights_only=True`` before Lightning touches it; ``config.yaml`` is written once training starts and never over
     another run's (:class:`~lightning_dprobust.callbacks.run.SaveConfigOnce`); ``fit`` ends with one summary line
-    (epsilon, delta, accountant, steps, best validation metric).
+    (epsilon, delta, accountant, steps, best validation metric). A W&B logger runs offline and quietly unless the
+    environment sets ``WANDB_MODE`` / ``WANDB_SILENT``.
 
     Args:
         args: the command line (``None``: ``sys.argv``).
@@ -63,6 +65,8 @@ class DProbustCLI(LightningCLI):
     """
 
     def __init__(self, args: Sequence[str] | None = None, run: bool = True) -> None:
+        os.environ.setdefault("WANDB_MODE", "offline")  # as for the evaluation subcommands: WANDB_MODE decides
+        os.environ.setdefault("WANDB_SILENT", "true")
         super().__init__(
             ClassifierModule,
             ImageDataModule,
@@ -74,6 +78,11 @@ class DProbustCLI(LightningCLI):
             trainer_defaults={"plugins": [{"class_path": "lightning_dprobust.checkpoint_io.AtomicCheckpointIO"}]},
             auto_configure_optimizers=False,
         )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit``, ``validate`` and ``test``: ``predict`` is not offered (classifiers here define no predict step)."""
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name != "predict"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(DPCallback, "dp", subclass_mode=True, required=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+import yaml
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -18,10 +19,47 @@ from lightning_dprobust.data import DATAMODULES
 
 
 class CommandParser(argparse.ArgumentParser):
-    """ArgumentParser whose usage errors raise ``ValueError``, so ``dprobust`` reports them in one line."""
+    """ArgumentParser whose usage errors raise ``ValueError``, so ``dprobust`` reports them in one line, and which
+    reads ``--config FILE``: a YAML mapping from flag names (``ckpt_path``, ``sigma``, ...) to values (a list repeats
+    the flag; ``true``/``false`` switch ``--x``/``--no-x``), applied before the command line's flags.
+
+    Args:
+        flag_file: offer ``--config``; ``False`` for a command whose ``--config`` is a training config.
+    """
+
+    def __init__(self, *args: Any, flag_file: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flag_file = flag_file
+        if flag_file:
+            self.add_argument("--config", metavar="FILE", help="YAML file of flag values (the command line wins)")
 
     def error(self, message: str) -> NoReturn:
         raise ValueError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        args = list(args or [])
+        find = argparse.ArgumentParser(add_help=False)
+        find.add_argument("--config")
+        config = find.parse_known_args(args)[0].config if self.flag_file else None
+        return super().parse_args([*config_flags(config), *args] if config else args, namespace)
+
+
+def config_flags(path: str) -> list[str]:
+    """The flags a ``--config`` YAML file stands for."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--config {path} does not exist")
+    values = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path} must be a YAML mapping of flag names to values, e.g. `sigma: 0.25`")
+    flags: list[str] = []
+    for key, value in values.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{key}")
+        else:
+            for item in value if isinstance(value, list) else [value]:
+                flags += [flag, str(item)]
+    return flags
 
 
 def add_output_flags(parser: argparse.ArgumentParser, command: str) -> None:
@@ -54,7 +92,9 @@ def evaluation_parser(command: str, description: str, batch_size: int) -> Comman
     parser = CommandParser(prog=f"dprobust {command}", description=description)
     add = parser.add_argument
     add(
+        "--ckpt_path",
         "--ckpt",
+        dest="ckpt",
         action="append",
         required=True,
         metavar="PATH_OR_ZOO_NAME",
@@ -62,7 +102,13 @@ def evaluation_parser(command: str, description: str, batch_size: int) -> Comman
     )
     add("--data", default="digits", choices=sorted(DATAMODULES), help="data module (default: digits)")
     add("--split", default="test", choices=sorted(_STAGES), help="split to evaluate (default: test)")
-    add("--data-dir", default=None, help="dataset folder (default: $DPROBUST_DATA/<data>)")
+    add(
+        "--data.data_dir",
+        "--data-dir",
+        dest="data_dir",
+        default=None,
+        help="dataset folder (default: $DPROBUST_DATA/<data>)",
+    )
     add("--max-examples", type=int, default=None, help="evaluate at most this many examples")
     add("--batch-size", type=int, default=batch_size, help=f"inputs per forward pass (default: {batch_size})")
     add("--seed", type=int, default=0, help="random seed (default: 0)")

@@ -29,16 +29,28 @@ from lightning_dprobust.zoo.catalog import ZooError
 
 
 def _parser() -> CommandParser:
-    parser = CommandParser(prog="dprobust audit", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="dprobust audit", description=__doc__.split("\n\n")[0], flag_file=False)
     add = parser.add_argument
-    add("--ckpt", metavar="PATH_OR_ZOO_NAME", help="membership attacks on this .ckpt or zoo entry")
+    add(
+        "--ckpt_path",
+        "--ckpt",
+        dest="ckpt",
+        metavar="PATH_OR_ZOO_NAME",
+        help="membership attacks on this .ckpt or zoo entry",
+    )
     add("--data", default="digits", choices=sorted(DATAMODULES), help="--ckpt mode: its data module (default: digits)")
-    add("--data-dir", default=None, help="--ckpt mode: dataset folder (default: $DPROBUST_DATA/<data>)")
+    add(
+        "--data.data_dir",
+        "--data-dir",
+        dest="data_dir",
+        default=None,
+        help="--ckpt mode: dataset folder (default: $DPROBUST_DATA/<data>)",
+    )
     add("--split-seed", type=int, default=0, help="--ckpt mode: the data module seed it was trained with (default 0)")
     add("--shadows", type=int, default=8, help="--ckpt mode: shadow models to train (default: 8)")
     add("--attack", action="append", choices=ATTACKS, help="--ckpt mode: attack to run; repeat (default: all)")
     add("--batch-size", type=int, default=256, help="--ckpt mode without --config: shadow batch size (default: 256)")
-    add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt)")
+    add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt_path)")
     add("--canaries", type=int, help="one-run audit with this many canaries (needs --config)")
     add("--epochs", type=int, help="epochs of every model this command trains (default: the recipe's, else 40)")
     add("--no-dp", action="store_true", help="drop the config's DPCallback (no clipping, no noise)")

@@ -48,11 +48,31 @@ def _run_subcommand(name: str, args: Sequence[str]) -> None:
     command(name)(args)
 
 
+HELP = """usage: dprobust {fit,validate,test,certify,attack,audit,zoo} [--help] ...
+
+Differentially private and adversarially robust models: train, evaluate, audit, and share them.
+
+subcommands:
+  fit        train from a config: dprobust fit --config configs/dpsgd/digits.yaml --dp.target_epsilon 1.0
+  validate   evaluate a checkpoint on the validation split (same flags as fit, plus --ckpt_path)
+  test       evaluate a checkpoint on the test split (same flags as fit, plus --ckpt_path)
+  certify    randomized-smoothing certificates (Cohen et al. 2019) of checkpoints or zoo entries
+  attack     clean and robust accuracy under adversarial attacks
+  audit      membership-inference attacks on a checkpoint, or a one-run canary audit of a training config
+  zoo        list, download, inspect and build the pretrained checkpoints
+
+Run `dprobust SUBCOMMAND --help` for its flags."""
+"""``dprobust --help``: every subcommand (LightningCLI's own help would list only fit/validate/test)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dprobust`` console script; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(HELP)
+        return 0 if args else 2
     try:
-        if args and args[0] in SUBCOMMANDS:
+        if args[0] in SUBCOMMANDS:
             _run_subcommand(args[0], args[1:])
         else:
             run_lightning(args)

@@ -80,9 +80,20 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as error:
         raise ValueError(f"--device {name!r} is not a torch device: use cpu, cuda or cuda:N") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU is available here; use --device cpu (or auto)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def check_out(out: str) -> None:
+    """``--out`` must be a folder (or not exist yet)."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out} is a file: pass a folder (it is created if missing)")
 
 
 _STAGES = {"train": "fit", "val": "validate", "test": "test"}
@@ -122,6 +133,7 @@ def require(ok: bool, flag: str, value: Any, expected: str) -> None:
 
 
 def check_common(args: argparse.Namespace) -> None:
+    check_out(args.out)
     require(args.batch_size >= 1, "--batch-size", args.batch_size, "an integer >= 1")
     require(args.max_examples is None or args.max_examples >= 1, "--max-examples", args.max_examples, ">= 1")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from lightning_dprobust.audit.membership import ATTACKS, MembershipReport
 from lightning_dprobust.audit.roc import LOW_FPRS, low_fpr_note, plot_roc
 from lightning_dprobust.audit.runner import CanaryReport, canary_audit, checkpoint_membership_audit, zoo_recipe
-from lightning_dprobust.cli.args import CommandParser, add_output_flags, resolve_device
+from lightning_dprobust.cli.args import CommandParser, add_output_flags, check_out, resolve_device
 from lightning_dprobust.data import DATAMODULES
 from lightning_dprobust.recipes import Recipe, load_recipe
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
@@ -81,6 +81,7 @@ def _check(args: argparse.Namespace) -> None:
             "> 0",
         ),
     ]
+    check_out(args.out)
     for flag, value, ok, expected in checks:
         if not ok:
             raise ValueError(f"{flag} must be {expected}, got {value!r}")

@@ -44,6 +44,12 @@ def _from_checkpoint(path: Path, map_location) -> nn.Module:
     cls = getattr(importlib.import_module(module_name), class_name)
     if not (isinstance(cls, type) and issubclass(cls, ClassifierModule)):
         raise ValueError(f"{path} names {qualified}, which is not a lightning_dprobust ClassifierModule")
+    for key in ("hyper_parameters", "state_dict"):
+        if not isinstance(checkpoint.get(key), dict):
+            raise ValueError(
+                f"{path} has no '{key}': it was not saved by a Trainer from a lightning-dprobust module "
+                "(the module's arguments and weights are both needed to rebuild it)"
+            )
     hyper_parameters = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
     module = cls(**hyper_parameters)  # LightningCLI adds "_class_path" and "_instantiator" to the hyper-parameters
     check_state_dict_fits(module, checkpoint["state_dict"], str(path))

@@ -12,8 +12,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning_dprobust.data.base import DatasetNotFoundError
 from lightning_dprobust.recipes import DProbustCLI
 
-USER_ERRORS = (MisconfigurationException, DatasetNotFoundError, FileNotFoundError, ValueError)
-"""Errors caused by a bad configuration or missing files: reported in one line, exit status 2."""
+USER_ERRORS = (MisconfigurationException, DatasetNotFoundError, OSError, ValueError)
+"""Errors caused by a bad configuration or missing, unreadable or misplaced files (``OSError``: a folder where a
+file should be, a file where a folder should be, no permission): reported in one line, exit status 2."""
 
 
 def run_lightning(args: Sequence[str]) -> None:
@@ -77,9 +78,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             run_lightning(args)
     except USER_ERRORS as error:
-        print(f"dprobust: error: {_root_cause(error)}", file=sys.stderr)
+        print(f"dprobust: error: {describe(_root_cause(error))}", file=sys.stderr)
         return 2
     return 0
+
+
+def describe(error: BaseException) -> str:
+    """The one-line message of a user error; a misplaced file or folder is said in words."""
+    if isinstance(error, IsADirectoryError):
+        return f"{error.filename} is a folder, but a file is expected there: put the file in its place"
+    if isinstance(error, NotADirectoryError):
+        return f"{error.filename} is a file, or lies under one, but a folder is expected there"
+    if isinstance(error, PermissionError):
+        return f"no permission to access {error.filename}: fix its permissions or choose another path"
+    return str(error)
 
 
 def _root_cause(error: BaseException) -> BaseException:

@@ -39,8 +39,9 @@ from lightning_dprobust.callbacks.run import (
 from lightning_dprobust.checkpoint_io import read_checkpoint
 from lightning_dprobust.data.base import ImageDataModule
 from lightning_dprobust.methods.base import ClassifierModule
+from lightning_dprobust.paths import shipped_root
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = shipped_root() / "configs"
 """The shipped recipes, ``configs/<method>/<dataset>.yaml``."""
 
 _EXPECTED_WARNINGS = ".*(does not have many workers|no `val_dataloader`|LeafSpec|LightningCLI's args parameter).*"

@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_dprobust"
 
 LAYERS = [
-    {"core", "models", "data", "checkpoint_io"},
+    {"core", "models", "data", "checkpoint_io", "paths"},
     {"metrics"},
     {"robustness"},
     {"callbacks"},

@@ -42,6 +42,7 @@ import torch
 import yaml
 from torch import nn
 
+from lightning_dprobust.paths import shipped_root
 from lightning_dprobust.zoo.catalog import (
     CatalogError,
     ChecksumError,
@@ -54,7 +55,7 @@ from lightning_dprobust.zoo.catalog import (
     catalog_error,
 )
 
-ZOO_DIR = Path(__file__).resolve().parents[2] / "zoo"
+ZOO_DIR = shipped_root() / "zoo"
 """The catalog shipped with the code: ``entries/*.yaml`` and ``weights/``."""
 HOME_ENV = "DPROBUST_HOME"
 URL_ENV = "DPROBUST_ZOO_URL"

@@ -13,7 +13,7 @@ import yaml
 
 from lightning_dprobust.cli import main
 from tests.cli.test_main import DPSGD_DIGITS, dprobust
-from tests.helpers import read_wandb_config_and_summary
+from tests.helpers import read_wandb_config_and_summary, read_wandb_records
 
 SUMMARY = re.compile(
     r"fit done: epsilon ([0-9.]+) at delta ([0-9.e-]+) \((\w+) accountant\), (\d+) steps; best val/acc"
@@ -54,6 +54,8 @@ def test_the_wandb_run_holds_the_dp_and_data_parameters_and_the_final_epsilon(fi
     assert 0 < privacy["sample_rate"] < 1
     printed = float(SUMMARY.search(result.stdout).group(1))
     assert summary["privacy/final_epsilon"] == pytest.approx(printed, rel=1e-3)
+    artifacts = [record.artifact for record in read_wandb_records(run_file) if record.HasField("artifact")]
+    assert any(a.type == "model" and "model.ckpt" in [m.path for m in a.manifest.contents] for a in artifacts)
 
 
 def test_a_second_fit_into_the_folder_is_refused_and_a_resume_continues_the_same_wandb_run(first_fit):

@@ -29,11 +29,11 @@ RADII = (0.0, 0.25, 0.5, 0.75)
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(CONFIG_DIR / "dpcert" / "digits.yaml"))
-    parser.add_argument("--out", default="runs/demo", help="directory of the checkpoint, logs and reports")
+    parser.add_argument("--out", default="runs/demo", help="parent of the run folder (checkpoint, logs and reports)")
     parser.add_argument("--n", type=int, default=10_000, help="noise draws per certified image")
     parser.add_argument("--max-epochs", type=int, default=None)
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")  # a fresh run folder each time: a folder holds one run
     overrides = [f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}"]
     if args.max_epochs:
         overrides.append(f"--trainer.max_epochs={args.max_epochs}")

@@ -67,20 +67,19 @@ def trained_digits_classifier() -> tuple[torch.nn.Module, torch.Tensor, torch.Te
     return model, *data.test_set.tensors
 
 
-def read_wandb_history(run_file) -> list[dict]:
-    """Decode the history rows of an offline W&B run file (``run-*.wandb``).
+def read_wandb_records(run_file) -> list:
+    """Decode the records (``wandb_internal_pb2.Record``) of an offline W&B run file (``run-*.wandb``).
 
     The file is a LevelDB-style log (7-byte ``:W&B`` header, 32 KiB blocks, records with a 7-byte header of
     crc32c, little-endian length and type) of ``wandb_internal_pb2.Record`` messages.
     """
-    import json
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
     data = open(run_file, "rb").read()  # noqa: SIM115
     assert data[:4] == b":W&B", "not a W&B run file"
-    block, position, pending, rows = 32768, 7, b"", []
+    block, position, pending, records = 32768, 7, b"", []
     while position + 7 <= len(data):
         if block - position % block < 7:  # block trailer too short for a header: skip to the next block
             position += block - position % block
@@ -92,8 +91,27 @@ def read_wandb_history(run_file) -> list[dict]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             pending = b""
-            if record.HasField("history"):
-                rows.append(
-                    {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item}
-                )
-    return rows
+            records.append(record)
+    return records
+
+
+def _items(items) -> dict:
+    import json
+
+    return {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in items}
+
+
+def read_wandb_history(run_file) -> list[dict]:
+    """The history rows (``log`` calls) of an offline W&B run file."""
+    return [_items(record.history.item) for record in read_wandb_records(run_file) if record.HasField("history")]
+
+
+def read_wandb_config_and_summary(run_file) -> tuple[dict, dict]:
+    """The run config and the summary written to an offline W&B run file (later updates win)."""
+    config, summary = {}, {}
+    for record in read_wandb_records(run_file):
+        if record.HasField("config"):
+            config |= _items(record.config.update)
+        if record.HasField("summary"):
+            summary |= _items(record.summary.update)
+    return config, summary

@@ -118,7 +118,7 @@ def edits(*steps: Edit) -> Edit:
 
 
 def dp(**values) -> Edit:
-    return lambda config, folder: config["trainer"]["callbacks"][0]["init_args"].update(values)
+    return lambda config, folder: config["dp"].update(values)
 
 
 def section(name: str, **values) -> Edit:
@@ -190,6 +190,48 @@ def resized(path: Path) -> None:
     checkpoint = torch.load(path, weights_only=True)
     checkpoint["hyper_parameters"]["model_kwargs"] = {"hidden": 32}
     torch.save(checkpoint, path)
+
+
+def nan_weight(path: Path) -> None:
+    checkpoint = torch.load(path, weights_only=True)
+    next(value for key, value in checkpoint["state_dict"].items() if key.endswith("weight"))[0, 0] = float("nan")
+    torch.save(checkpoint, path)
+
+
+def without_hyper_parameters(path: Path) -> None:
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint["hyper_parameters"]
+    torch.save(checkpoint, path)
+
+
+def a_file(folder: Path, finished: Path) -> Path:
+    (folder / "report.txt").write_text("not a folder")
+    return folder / "report.txt"
+
+
+def on_mnist(command: str, *extra: str) -> Build:
+    """``command`` on the digits checkpoint with ``--data mnist`` (fake MNIST files under ``$DPROBUST_DATA``)."""
+
+    def build(folder: Path, finished: Path) -> list[str]:
+        write_mnist(folder / "data" / "mnist")
+        return [command, "--ckpt_path", str(finished / LAST), "--data", "mnist", "--no-wandb", *extra]
+
+    return build
+
+
+def in_used_folder(folder: Path, finished: Path) -> list[str]:
+    shutil.copytree(finished / "runs", folder / "runs")
+    return ["fit", "--config", str(shortened(None, folder))]
+
+
+def dp_in_trainer_callbacks(config: dict, folder: Path) -> None:
+    config["trainer"]["callbacks"].append({"class_path": "lightning_dprobust.callbacks.DPCallback",
+                                           "init_args": config.pop("dp")})  # fmt: skip
+
+
+def folder_for_labels(raw: Path) -> None:
+    (raw / "train-labels-idx1-ubyte").unlink()
+    (raw / "train-labels-idx1-ubyte").mkdir()
 
 
 def tampered_zoo_cache(folder: Path, finished: Path) -> str:
@@ -339,6 +381,28 @@ CATALOGUE = [
     Bad("certify-foreign-checkpoint", evaluate("certify", foreign), r"has no 'dprobust_class' entry"),
     Bad("certify-zoo-wrong-hash", evaluate("certify", tampered_zoo_cache), r"do not match the catalog's sha256"),
     Bad("certify-unknown-zoo-name", evaluate("certify", lambda f, r: "mlp_tanh.dpsgd_digits_eps4"), r"unknown zoo"),
+    Bad("certify-nan-weights", evaluate("certify", damaged(nan_weight)), r"damaged.ckpt has non-finite weights"),
+    Bad("attack-nan-weights", evaluate("attack", damaged(nan_weight)), r"damaged.ckpt has non-finite weights"),
+    Bad("certify-no-hyper-parameters", evaluate("certify", damaged(without_hyper_parameters)),
+        r"has no 'hyper_parameters'"),
+    Bad("certify-other-dataset", on_mnist("certify"), r"takes inputs of shape \(1, 8, 8\) but --data mnist has"),
+    Bad("attack-other-dataset", on_mnist("attack"), r"takes inputs of shape \(1, 8, 8\) but --data mnist has"),
+    # newcomer path
+    Bad("infinite-lr", fit(section("model", lr=float("inf"))), r"training stopped at epoch 0, step \d+: non-finite"),
+    Bad("sample-rate-absurd", fit(dp(sample_rate=1e-6)), r"sample_rate=1e-06 .* 1,000,000 steps per epoch"),
+    Bad("max-physical-batch-fractional", fit(dp(max_physical_batch_size=2.5)), r"max_physical_batch_size", usage=True),
+    Bad("dp-in-trainer-callbacks", fit(dp_in_trainer_callbacks), r"DPCallback belongs in the `dp` group"),
+    Bad("resume-last-without-checkpoint", fit(None, "--ckpt_path", "last"), r"--ckpt_path last: no last checkpoint"),
+    Bad("fit-into-a-used-folder", in_used_folder, r"config.yaml already exists: this folder holds another"),
+    Bad("predict-not-offered", lambda f, r: ["predict"], r"invalid choice: 'predict'", usage=True),
+    Bad("certify-cuda-without-gpu", evaluate("certify", good, "--device", "cuda:7"), r"--device cuda:7: (no CUDA|on)"),
+    Bad("certify-out-is-a-file", lambda f, r: ["certify", "--ckpt_path", str(r / LAST), "--out", str(a_file(f, r))],
+        r"--out .*report.txt is a file: pass a folder"),
+    Bad("audit-out-is-a-file", lambda f, r: ["audit", "--ckpt_path", str(r / LAST), "--out", str(a_file(f, r))],
+        r"--out .*report.txt is a file: pass a folder"),
+    Bad("evaluation-config-missing", evaluate("certify", good, "--config", "nothing.yaml"), r"--config nothing.yaml"),
+    Bad("mnist-folder-for-a-file", fit(data(MNIST, mnist_with(folder_for_labels))),
+        r"train-labels-idx1-ubyte is a folder, but a file"),
 ]  # fmt: skip
 
 

@@ -118,7 +118,7 @@ def test_the_resumed_run_reports_exactly_the_epsilon_of_an_unbroken_run(runs):
     assert _history(resumed) == _history(unbroken)
     assert PrivacyLedger(_history(resumed)).steps == resumed["global_step"]  # every published step is counted
     assert epsilon_of(resumed) == epsilon_of(unbroken)
-    assert 0 < epsilon_of(resumed) <= CONFIG["trainer"]["callbacks"][0]["init_args"]["target_epsilon"]
+    assert 0 < epsilon_of(resumed) <= CONFIG["dp"]["target_epsilon"]
 
 
 def test_the_resumed_run_redoes_the_lost_steps_on_the_batches_of_an_unbroken_run(runs):

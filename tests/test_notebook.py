@@ -23,3 +23,8 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     )
     assert "DP-SGD: epsilon" in outputs and "DP-CERT: clean" in outputs
     assert (tmp_path / "runs" / "quickstart" / "certified_accuracy.png").stat().st_size > 1000
+    shown = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+             if "image/png" in output.get("data", {})]  # fmt: skip
+    assert shown, "the certified-accuracy plot must be shown inline"
+    source = "".join(cell.source for cell in notebook.cells)
+    assert 'matplotlib.use("Agg")' not in source and 'filterwarnings("ignore")' not in source

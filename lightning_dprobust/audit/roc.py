@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
+from sklearn.metrics import roc_auc_score
+from sklearn.metrics import roc_curve as sklearn_roc_curve
 
 LOW_FPRS = (0.001, 0.01)
 """The false-positive rates at which :func:`roc_metrics` reports the TPR."""
@@ -64,29 +65,22 @@ def _check(scores: np.ndarray, is_member: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def roc_curve(scores: np.ndarray, is_member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The empirical ROC curve: one point per distinct score, thresholds taken from the highest score down.
+    """The empirical ROC curve (scikit-learn's ``roc_curve`` with every threshold kept): one point per distinct
+    score, thresholds taken from the highest score down.
 
     Guarantees: both arrays start at 0 and end at 1 and are non-decreasing; the point after threshold ``t`` is
     ``(#non-members with score >= t / #non-members, #members with score >= t / #members)``, so tied scores form one
     (possibly diagonal) segment.
     """
     scores, is_member = _check(scores, is_member)
-    order = np.argsort(-scores, kind="stable")
-    sorted_scores, sorted_members = scores[order], is_member[order]
-    last_of_tie = np.r_[np.flatnonzero(np.diff(sorted_scores) != 0), len(scores) - 1]
-    true_pos = np.cumsum(sorted_members)[last_of_tie]
-    false_pos = (last_of_tie + 1) - true_pos
-    fpr = np.r_[0.0, false_pos / (~is_member).sum()]
-    tpr = np.r_[0.0, true_pos / is_member.sum()]
+    fpr, tpr, _ = sklearn_roc_curve(is_member, scores, drop_intermediate=False)
     return fpr, tpr
 
 
 def roc_auc(scores: np.ndarray, is_member: np.ndarray) -> float:
-    """AUC as the Mann-Whitney statistic ``P(score_member > score_nonmember) + P(tie) / 2`` (average ranks)."""
+    """AUC (scikit-learn's ``roc_auc_score``): ``P(score_member > score_nonmember) + P(tie) / 2``."""
     scores, is_member = _check(scores, is_member)
-    ranks = stats.rankdata(scores)
-    positives, negatives = is_member.sum(), (~is_member).sum()
-    return float((ranks[is_member].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+    return float(roc_auc_score(is_member, scores))
 
 
 def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
@@ -131,16 +125,17 @@ def low_fpr_note(num_nonmembers: int, target: float = LOW_FPRS[0]) -> str:
 
 
 def plot_roc(curves: Mapping[str, RocMetrics], path: str | os.PathLike, title: str = "") -> Path:
-    """Write a log-log ROC plot (one curve per attack, chance diagonal dashed) to ``path`` as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Write a log-log ROC plot (one curve per attack, chance diagonal dashed) to ``path`` as PNG (Agg canvas, no
+    pyplot state, so the caller's backend, e.g. a notebook's inline one, is left alone)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     floor = 0.5 / max(metrics.num_nonmembers for metrics in curves.values())
-    figure, axes = plt.subplots(figsize=(4.5, 4.5))
+    figure = Figure(figsize=(4.5, 4.5))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
     for name, metrics in curves.items():
         label = f"{name} (AUC {metrics.auc:.3f})"
         axes.plot(np.maximum(metrics.fpr, floor), np.maximum(metrics.tpr, floor), label=label)
@@ -149,5 +144,4 @@ def plot_roc(curves: Mapping[str, RocMetrics], path: str | os.PathLike, title: s
     axes.legend(loc="lower right", fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path

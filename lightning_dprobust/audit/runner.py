@@ -11,90 +11,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import importlib
-import logging
 import math
-import os
-import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import lightning as L
 import numpy as np
 import torch
-import yaml
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorDataset
 
 from lightning_dprobust.audit.canaries import OneRunAudit, audit_guesses, choose_canaries
 from lightning_dprobust.audit.membership import ATTACKS, MembershipReport, membership_audit, model_outputs
 from lightning_dprobust.audit.roc import RocMetrics, roc_metrics
-from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.data.base import ImageDataModule
 from lightning_dprobust.methods.base import ClassifierModule
-
-_DATA_ATTRIBUTES = ("num_classes", "input_shape", "mean", "std")
-_EXPECTED_WARNINGS = ".*(does not have many workers|no `val_dataloader`|LeafSpec).*"
-"""Lightning warnings that every audit fit would repeat: few loader workers, no validation loop."""
-_RECIPE_HPARAMS = ("model", "model_kwargs", "optimizer", "lr", "momentum", "weight_decay", "lr_schedule")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How to train a classifier: the LightningModule and its arguments, batch size, epochs, DP and seed.
-
-    Attributes:
-        module_class: a :class:`ClassifierModule` subclass.
-        module_kwargs: its arguments; the data module's ``num_classes``, ``input_shape``, ``mean`` and ``std`` are
-            added where missing (as the CLI links them).
-        batch_size: the train loader's batch size (under DP: the expected Poisson batch size).
-        max_epochs: epochs.
-        dp: arguments of :class:`DPCallback`, or ``None`` to train without DP.
-        seed: seed of the initialization, the shuffling and the Poisson sampler.
-    """
-
-    module_class: type[ClassifierModule]
-    module_kwargs: dict[str, Any] = field(default_factory=dict)
-    batch_size: int = 256
-    max_epochs: int = 40
-    dp: dict[str, Any] | None = None
-    seed: int = 0
-
-    def replace(self, **changes: Any) -> Recipe:
-        """A copy with ``changes`` applied."""
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def from_module(cls, module: ClassifierModule, batch_size: int = 256, max_epochs: int = 40) -> Recipe:
-        """The non-private recipe of a trained module: its class and architecture/optimizer hyperparameters."""
-        kwargs = {key: module.hparams[key] for key in _RECIPE_HPARAMS if key in module.hparams}
-        return cls(type(module), kwargs, batch_size, max_epochs)
-
-
-def _import(class_path: str, base: type, where: str) -> type:
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(f"{where}: cannot import {class_path!r}: {error}") from error
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise ValueError(f"{where}: {class_path} is not a {base.__name__} subclass")
-    return cls
-
-
-def load_recipe(path: str | os.PathLike) -> tuple[Recipe, ImageDataModule]:
-    """The recipe and data module of a ``dprobust fit`` config file (``configs/<method>/<dataset>.yaml``).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: see :func:`recipe_from_config`.
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"config {path} does not exist: pass e.g. configs/dpsgd/digits.yaml")
-    with open(path) as stream:
-        return recipe_from_config(yaml.safe_load(stream) or {}, str(path))
+from lightning_dprobust.recipes import Recipe, fit_on_dataset, recipe_from_config
 
 
 def zoo_recipe(name: str) -> tuple[Recipe, ImageDataModule]:
@@ -104,52 +34,6 @@ def zoo_recipe(name: str) -> tuple[Recipe, ImageDataModule]:
 
     config, _ = recipe_config(zoo.info(name))
     return recipe_from_config(config, f"the recipe of zoo entry {name}")
-
-
-def recipe_from_config(config: dict[str, Any], where: str) -> tuple[Recipe, ImageDataModule]:
-    """The recipe and data module of a parsed config.
-
-    Reads ``seed_everything``, ``trainer.max_epochs``, the ``DPCallback`` entry of ``trainer.callbacks`` (other
-    callbacks and the logger are ignored), ``model`` and ``data`` (``class_path`` + ``init_args``).
-
-    Raises:
-        ValueError: the config lacks a part above or names classes of the wrong kind.
-    """
-    try:
-        model, data, trainer = config["model"], config["data"], config.get("trainer") or {}
-        module_class = _import(model["class_path"], ClassifierModule, f"{where}: model")
-        data_class = _import(data["class_path"], ImageDataModule, f"{where}: data")
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"{where} needs model and data sections with class_path (and init_args): {error}") from error
-    dp = [
-        entry.get("init_args", {})
-        for entry in trainer.get("callbacks") or []
-        if str(entry.get("class_path", "")).endswith("DPCallback")
-    ]
-    datamodule = data_class(**(data.get("init_args") or {}))
-    recipe = Recipe(
-        module_class=module_class,
-        module_kwargs=dict(model.get("init_args") or {}),
-        batch_size=datamodule.batch_size,
-        max_epochs=int(trainer.get("max_epochs") or 40),
-        dp=dict(dp[0]) if dp else None,
-        seed=int(config.get("seed_everything") or 0),
-    )
-    return recipe, datamodule
-
-
-class _DatasetModule(L.LightningDataModule):
-    """A data module around one training dataset, so that :class:`DPCallback` can Poisson-sample it."""
-
-    def __init__(self, dataset: Dataset, batch_size: int, seed: int) -> None:
-        super().__init__()
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-
-    def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.dataset, batch_size=min(self.batch_size, len(self.dataset)), shuffle=True, generator=generator
-        )
 
 
 @dataclass(frozen=True)
@@ -169,72 +53,38 @@ class TrainedModel:
     history: tuple[tuple[float, float, int], ...] = ()
 
 
-def _accelerator(device: str | torch.device) -> str:
-    return "gpu" if torch.device(device).type == "cuda" else "cpu"
-
-
 def train_classifier(
-    recipe: Recipe, dataset: Dataset, datamodule: ImageDataModule, device: str | torch.device = "cpu"
+    recipe: Recipe,
+    dataset: Dataset,
+    device: str | torch.device = "cpu",
+    module_class: Callable[[ClassifierModule], type[ClassifierModule]] | None = None,
 ) -> TrainedModel:
-    """Train ``recipe`` on ``dataset`` with a Lightning ``Trainer`` (and ``DPCallback`` if ``recipe.dp``).
-
-    ``datamodule`` supplies only the dataset attributes the model needs (classes, input shape, normalization). The
-    global torch random state is restored afterwards, so training does not disturb the caller's randomness.
-    """
-    data_kwargs = {key: getattr(datamodule, key) for key in _DATA_ATTRIBUTES}
-    callbacks = [DPCallback(**({"seed": recipe.seed} | recipe.dp))] if recipe.dp is not None else []
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), _quiet_lightning():
-        warnings.filterwarnings("ignore", message=_EXPECTED_WARNINGS)
-        torch.manual_seed(recipe.seed)
-        module = recipe.module_class(**(data_kwargs | recipe.module_kwargs))
-        trainer = L.Trainer(
-            accelerator=_accelerator(device),
-            devices=1,
-            max_epochs=recipe.max_epochs,
-            callbacks=callbacks,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            use_distributed_sampler=False,
-        )
-        trainer.fit(module, _DatasetModule(dataset, recipe.batch_size, recipe.seed))
-    if not callbacks:
-        return TrainedModel(module.eval(), math.inf, None)
-    history = tuple((e.noise_multiplier, e.sample_rate, e.steps) for e in callbacks[0].ledger.history)
-    return TrainedModel(module.eval(), callbacks[0].epsilon(), callbacks[0].delta, history)
-
-
-@contextlib.contextmanager
-def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's per-fit info lines (devices, TPU/HPU availability) for the many shadow fits."""
-    logger = logging.getLogger("lightning.pytorch")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    """Train ``recipe`` on ``dataset`` through :func:`~lightning_dprobust.recipes.fit_on_dataset` (the path of
+    ``dprobust fit``) and read the guarantee its ``DPCallback`` claims; ``module_class`` (see ``fit_on_dataset``)
+    swaps the recipe's module class for a subclass built from it, e.g. one that adds audit canaries."""
+    fitted = fit_on_dataset(recipe, dataset, device, module_class)
+    if fitted.privacy is None:
+        return TrainedModel(fitted.module, math.inf, None)
+    history = tuple((e.noise_multiplier, e.sample_rate, e.steps) for e in fitted.privacy.ledger.history)
+    return TrainedModel(fitted.module, fitted.privacy.epsilon(), fitted.privacy.delta, history)
 
 
 class RecipeTrainer:
     """A :data:`~lightning_dprobust.audit.membership.TrainFn`: trains ``recipe`` on subsets of ``dataset``.
 
-    Call ``j`` (from 0) uses seed ``recipe.seed + 1 + j``, so shadow models differ in initialization and sampling and
-    the sequence is reproducible.
+    Call ``j`` (from 1) uses seed ``recipe.seed + j``, so shadow models differ in initialization and sampling and the
+    sequence is reproducible.
     """
 
-    def __init__(self, recipe: Recipe, dataset: Dataset, datamodule: ImageDataModule, device: str = "cpu") -> None:
-        self.recipe, self.dataset, self.datamodule, self.device = recipe, dataset, datamodule, device
+    def __init__(self, recipe: Recipe, dataset: Dataset, device: str = "cpu") -> None:
+        self.recipe, self.dataset, self.device = recipe, dataset, device
         self.calls = 0
 
     def __call__(self, indices: np.ndarray) -> torch.nn.Module:
         self.calls += 1
         recipe = self.recipe.replace(seed=self.recipe.seed + self.calls)
         subset = Subset(self.dataset, np.asarray(indices).tolist())
-        return train_classifier(recipe, subset, self.datamodule, self.device).module
+        return train_classifier(recipe, subset, self.device).module
 
 
 def audit_splits(datamodule: ImageDataModule) -> tuple[Dataset, list[Dataset]]:
@@ -264,7 +114,7 @@ def checkpoint_membership_audit(
     train, held_out = audit_splits(datamodule)
     dataset = ConcatDataset([train, *held_out])
     members, nonmembers = np.arange(len(train)), np.arange(len(train), len(dataset))
-    trainer = RecipeTrainer(recipe, dataset, datamodule, device) if recipe is not None else None
+    trainer = RecipeTrainer(recipe, dataset, device) if recipe is not None else None
     return membership_audit(model, dataset, members, nonmembers, trainer, num_shadows, attacks, seed, device)
 
 
@@ -323,7 +173,7 @@ def canary_audit(
     )
     canaries = TensorDataset(images[chosen], torch.from_numpy(canary_labels))
     training_set = ConcatDataset([train, Subset(canaries, np.flatnonzero(included).tolist())])
-    trained = train_classifier(recipe, training_set, datamodule, device)
+    trained = train_classifier(recipe, training_set, device)
     logits, _ = model_outputs(trained.module, canaries, device=device)
     scores = (-torch.nn.functional.cross_entropy(logits, canaries.tensors[1], reduction="none")).numpy()
     rest = np.setdiff1d(np.arange(len(labels)), chosen)

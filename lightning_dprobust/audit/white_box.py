@@ -164,11 +164,14 @@ def white_box_audit(
     images = torch.zeros(len(slots), *datamodule.input_shape)
     canaries = TensorDataset(images, torch.zeros(len(slots), dtype=torch.long), slots)
     max_grad_norm = float(recipe.dp.get("max_grad_norm", 1.0))
-    method = with_gradient_canaries(recipe.module_class, num_canaries, max_grad_norm, seed)
+
+    def add_canaries(method: type[ClassifierModule]) -> type[ClassifierModule]:
+        return with_gradient_canaries(method, num_canaries, max_grad_norm, seed)
+
     # A canary's gradient is a loss term on the parameters themselves, outside any layer: only the vmap engine sees
     # it (the ghost engine derives gradients from layer activations), so the audited run uses vmap.
-    audited = recipe.replace(module_class=method, dp=recipe.dp | {"engine": "vmap"})
-    trained = train_classifier(audited, ConcatDataset([_RealExamples(train), canaries]), datamodule, device)
+    audited = recipe.replace(dp=recipe.dp | {"engine": "vmap"})
+    trained = train_classifier(audited, ConcatDataset([_RealExamples(train), canaries]), device, add_canaries)
     scores = canary_scores(torch.stack(trained.module.canary_gradients).numpy())
     tested_delta = delta if delta is not None else trained.delta
     audits = {

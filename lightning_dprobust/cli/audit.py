@@ -23,32 +23,38 @@ from pathlib import Path
 
 from lightning_dprobust.audit.membership import ATTACKS, MembershipReport
 from lightning_dprobust.audit.roc import LOW_FPRS, low_fpr_note, plot_roc
-from lightning_dprobust.audit.runner import (
-    CanaryReport,
-    Recipe,
-    canary_audit,
-    checkpoint_membership_audit,
-    load_recipe,
-    zoo_recipe,
-)
+from lightning_dprobust.audit.runner import CanaryReport, canary_audit, checkpoint_membership_audit, zoo_recipe
 from lightning_dprobust.audit.white_box import WhiteBoxReport, white_box_audit
-from lightning_dprobust.cli.args import CommandParser, add_output_flags, resolve_device
+from lightning_dprobust.cli.args import CommandParser, add_output_flags, check_out, resolve_device
 from lightning_dprobust.data import DATAMODULES
+from lightning_dprobust.recipes import Recipe, load_recipe
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
 from lightning_dprobust.zoo.catalog import ZooError
 
 
 def _parser() -> CommandParser:
-    parser = CommandParser(prog="dprobust audit", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="dprobust audit", description=__doc__.split("\n\n")[0], flag_file=False)
     add = parser.add_argument
-    add("--ckpt", metavar="PATH_OR_ZOO_NAME", help="membership attacks on this .ckpt or zoo entry")
+    add(
+        "--ckpt_path",
+        "--ckpt",
+        dest="ckpt",
+        metavar="PATH_OR_ZOO_NAME",
+        help="membership attacks on this .ckpt or zoo entry",
+    )
     add("--data", default="digits", choices=sorted(DATAMODULES), help="--ckpt mode: its data module (default: digits)")
-    add("--data-dir", default=None, help="--ckpt mode: dataset folder (default: $DPROBUST_DATA/<data>)")
+    add(
+        "--data.data_dir",
+        "--data-dir",
+        dest="data_dir",
+        default=None,
+        help="--ckpt mode: dataset folder (default: $DPROBUST_DATA/<data>)",
+    )
     add("--split-seed", type=int, default=0, help="--ckpt mode: the data module seed it was trained with (default 0)")
     add("--shadows", type=int, default=8, help="--ckpt mode: shadow models to train (default: 8)")
     add("--attack", action="append", choices=ATTACKS, help="--ckpt mode: attack to run; repeat (default: all)")
     add("--batch-size", type=int, default=256, help="--ckpt mode without --config: shadow batch size (default: 256)")
-    add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt)")
+    add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt_path)")
     add("--canaries", type=int, help="one-run audit with this many canaries (needs --config)")
     add("--white-box", action="store_true", help="white-box one-run audit with gradient canaries (needs --config)")
     add("--gradient-canaries", type=int, default=1000, help="--white-box: gradient canaries (default: 1000)")
@@ -87,6 +93,7 @@ def _check(args: argparse.Namespace) -> None:
             "> 0",
         ),
     ]
+    check_out(args.out)
     for flag, value, ok, expected in checks:
         if not ok:
             raise ValueError(f"{flag} must be {expected}, got {value!r}")
@@ -94,16 +101,12 @@ def _check(args: argparse.Namespace) -> None:
 
 def _adjust(recipe: Recipe, args: argparse.Namespace) -> Recipe:
     """Apply ``--epochs``, ``--no-dp``, ``--target-epsilon`` and ``--seed`` to ``recipe``."""
-    changes: dict = {}
-    if args.epochs is not None:
-        changes["max_epochs"] = args.epochs
-    if args.seed is not None:
-        changes["seed"] = args.seed
+    changes: dict = {"max_epochs": args.epochs, "seed": args.seed}
     if args.no_dp:
         changes["dp"] = None
     elif args.target_epsilon is not None:
         if recipe.dp is None:
-            raise ValueError("--target-epsilon needs a config with a DPCallback (drop --no-dp)")
+            raise ValueError("--target-epsilon needs a config with a `dp` group (drop --no-dp)")
         dp = {key: value for key, value in recipe.dp.items() if key != "noise_multiplier"}
         changes["dp"] = dp | {"target_epsilon": args.target_epsilon}
     return recipe.replace(**changes)
@@ -217,14 +220,14 @@ def format_membership_report(report: MembershipReport) -> str:
     )
 
 
-def _shadow_recipe(args: argparse.Namespace, model: object) -> Recipe:
+def _shadow_recipe(args: argparse.Namespace, model: object, datamodule: object) -> Recipe:
     """``--config``, else the checkpoint's own hyperparameters, else the zoo entry's recipe."""
     from lightning_dprobust.methods.base import ClassifierModule
 
     if args.config is not None:
         return _adjust(load_recipe(args.config)[0], args)
     if isinstance(model, ClassifierModule):
-        return _adjust(Recipe.from_module(model, args.batch_size, args.epochs or 40), args)
+        return _adjust(Recipe.from_module(model, datamodule, args.batch_size, args.epochs or 40), args)
     try:
         return _adjust(zoo_recipe(args.ckpt)[0], args)
     except ZooError as error:
@@ -242,8 +245,8 @@ def _membership_mode(args: argparse.Namespace, device: str) -> None:
         model = load_classifier(args.ckpt)
     except ZooError as error:
         raise ValueError(f"--ckpt {args.ckpt!r} is not a usable zoo entry or checkpoint file: {error}") from error
-    recipe = _shadow_recipe(args, model) if {"shadow", "lira"} & set(attacks) else None
     datamodule = DATAMODULES[args.data](data_dir=args.data_dir, seed=args.split_seed)
+    recipe = _shadow_recipe(args, model, datamodule) if {"shadow", "lira"} & set(attacks) else None
     report = checkpoint_membership_audit(model, datamodule, recipe, args.shadows, attacks, args.seed or 0, device)
     summary = format_membership_report(report)
     print(f"\n{args.ckpt} on {args.data}:\n\n{summary}")

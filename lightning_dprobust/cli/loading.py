@@ -43,6 +43,12 @@ def _from_checkpoint(path: Path, map_location) -> nn.Module:
             "(train with `dprobust fit`, or load the model yourself)"
         )
     cls = method_class(qualified, source=str(path))
+    for key in ("hyper_parameters", "state_dict"):
+        if not isinstance(checkpoint.get(key), dict):
+            raise ValueError(
+                f"{path} has no '{key}': it was not saved by a Trainer from a lightning-dprobust module "
+                "(the module's arguments and weights are both needed to rebuild it)"
+            )
     hyper_parameters = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
     module = cls(**hyper_parameters)  # LightningCLI adds "_class_path" and "_instantiator" to the hyper-parameters
     check_state_dict_fits(module, checkpoint["state_dict"], str(path))

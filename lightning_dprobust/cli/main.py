@@ -2,45 +2,96 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.data.base import DatasetNotFoundError
 from lightning_dprobust.recipes import DProbustCLI
 
-USER_ERRORS = (MisconfigurationException, DatasetNotFoundError, FileNotFoundError, ValueError)
-"""Errors caused by a bad configuration or missing files: reported in one line, exit status 2."""
+USER_ERRORS = (MisconfigurationException, DatasetNotFoundError, OSError, ValueError)
+"""Errors caused by a bad configuration or missing, unreadable or misplaced files (``OSError``: a folder where a
+file should be, a file where a folder should be, no permission): reported in one line, exit status 2."""
 
 
 def run_lightning(args: Sequence[str]) -> None:
-    DProbustCLI(args=args)
+    """``fit|validate|test`` through :class:`DProbustCLI`; ``args`` is the whole command line, so LightningCLI's
+    warning about ``args`` given next to ``sys.argv`` does not apply."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        warnings.filterwarnings("ignore", message=".*LeafSpec")  # a deprecation inside Lightning, on every fit
+        DProbustCLI(args=args)
 
 
-SUBCOMMANDS = ("certify", "attack", "audit", "zoo")
-"""``dprobust`` subcommands outside LightningCLI (the rest go to ``fit|validate|test``)."""
+COMMANDS: dict[str, tuple[str, str]] = {
+    "certify": ("lightning_dprobust.cli.certify", "certify_command"),
+    "attack": ("lightning_dprobust.cli.attack", "attack_command"),
+    "audit": ("lightning_dprobust.cli.audit", "audit_command"),
+    "zoo": ("lightning_dprobust.cli.zoo", "zoo_command"),
+}
+"""``dprobust`` subcommands outside LightningCLI (the rest go to ``fit|validate|test``): module and function, each
+function taking the arguments after the name. Imported on use, so ``dprobust fit`` does not load the evaluation
+stack."""
+
+SUBCOMMANDS = tuple(COMMANDS)
+
+
+def command(name: str) -> Callable[[Sequence[str]], None]:
+    """The function of subcommand ``name``, imported now."""
+    module, function = COMMANDS[name]
+    return getattr(importlib.import_module(module), function)
 
 
 def _run_subcommand(name: str, args: Sequence[str]) -> None:
-    """Import lazily, so ``dprobust fit`` does not load the evaluation stack."""
-    from lightning_dprobust.cli.evaluate import COMMANDS
+    command(name)(args)
 
-    COMMANDS[name](args)
+
+HELP = """usage: dprobust {fit,validate,test,certify,attack,audit,zoo} [--help] ...
+
+Differentially private and adversarially robust models: train, evaluate, audit, and share them.
+
+subcommands:
+  fit        train from a config: dprobust fit --config configs/dpsgd/digits.yaml --dp.target_epsilon 1.0
+  validate   evaluate a checkpoint on the validation split (same flags as fit, plus --ckpt_path)
+  test       evaluate a checkpoint on the test split (same flags as fit, plus --ckpt_path)
+  certify    randomized-smoothing certificates (Cohen et al. 2019) of checkpoints or zoo entries
+  attack     clean and robust accuracy under adversarial attacks
+  audit      membership-inference attacks on a checkpoint, or a one-run canary audit of a training config
+  zoo        list, download, inspect and build the pretrained checkpoints
+
+Run `dprobust SUBCOMMAND --help` for its flags."""
+"""``dprobust --help``: every subcommand (LightningCLI's own help would list only fit/validate/test)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dprobust`` console script; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(HELP)
+        return 0 if args else 2
     try:
-        if args and args[0] in SUBCOMMANDS:
+        if args[0] in SUBCOMMANDS:
             _run_subcommand(args[0], args[1:])
         else:
             run_lightning(args)
     except USER_ERRORS as error:
-        print(f"dprobust: error: {_root_cause(error)}", file=sys.stderr)
+        print(f"dprobust: error: {describe(_root_cause(error))}", file=sys.stderr)
         return 2
     return 0
+
+
+def describe(error: BaseException) -> str:
+    """The one-line message of a user error; a misplaced file or folder is said in words."""
+    if isinstance(error, IsADirectoryError):
+        return f"{error.filename} is a folder, but a file is expected there: put the file in its place"
+    if isinstance(error, NotADirectoryError):
+        return f"{error.filename} is a file, or lies under one, but a folder is expected there"
+    if isinstance(error, PermissionError):
+        return f"no permission to access {error.filename}: fix its permissions or choose another path"
+    return str(error)
 
 
 def _root_cause(error: BaseException) -> BaseException:

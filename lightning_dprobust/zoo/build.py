@@ -8,7 +8,8 @@ the privacy guarantee from :class:`~lightning_dprobust.callbacks.DPCallback`. Th
 
 A recipe is ``meta.recipe``: ``config`` (a path relative to the repository root), ``overrides`` (a mapping from
 dotted config paths to values, applied to the YAML before parsing; a list element is chosen by index or by the
-class name at the end of its ``class_path``, e.g. ``trainer.callbacks.DPCallback.init_args.target_epsilon``),
+class name at the end of its ``class_path``, e.g. ``dp.target_epsilon`` or
+``trainer.callbacks.ModelCheckpoint.init_args.save_last``),
 ``config_sha256`` (of the config file as built) and ``commit`` (the git commit checked out when it was built).
 """
 
@@ -131,15 +132,9 @@ def train_and_evaluate(
         The trained model (the module's ``model``), the metrics, and the privacy record of its ``DPCallback``
         (``None`` without one).
     """
-    from lightning_dprobust.recipes import fit_recipe
+    from lightning_dprobust.recipes import fit_recipe, quiet_overrides
 
-    quiet = [
-        "--trainer.logger=false",
-        f"--trainer.default_root_dir={workdir}",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-    ]
-    fitted = fit_recipe(config, quiet)
+    fitted = fit_recipe(config, quiet_overrides(workdir))
     module = fitted.module.eval()
     metrics = {"test_acc": round(float(fitted.test["test/acc"]), 6)}
     evaluation = evaluation or {}

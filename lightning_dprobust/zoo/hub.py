@@ -33,6 +33,7 @@ import http.client
 import os
 import pickle
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -41,7 +42,9 @@ from typing import Any
 import torch
 import yaml
 from torch import nn
+from tqdm.auto import tqdm
 
+from lightning_dprobust.paths import shipped_root
 from lightning_dprobust.zoo.catalog import (
     CatalogError,
     ChecksumError,
@@ -54,12 +57,17 @@ from lightning_dprobust.zoo.catalog import (
     catalog_error,
 )
 
-ZOO_DIR = Path(__file__).resolve().parents[2] / "zoo"
+ZOO_DIR = shipped_root() / "zoo"
 """The catalog shipped with the code: ``entries/*.yaml`` and ``weights/``."""
 HOME_ENV = "DPROBUST_HOME"
 URL_ENV = "DPROBUST_ZOO_URL"
 _CHUNK = 1 << 16
 _TIMEOUT_S = 60.0
+"""Seconds a single read may wait."""
+DEADLINE_S = 900.0
+"""Seconds a whole download may take."""
+_BYTES_PER_PARAM, _SLACK_BYTES = 8, 1 << 20
+"""Size cap of an entry's weights: 8 bytes per parameter (float64 at most) plus 1 MiB of buffers and container."""
 
 
 def default_cache_dir() -> Path:
@@ -154,7 +162,7 @@ class Zoo:
                     f"download again with zoo.download({name!r}, force=True) / `dprobust zoo download {name} --force`"
                 )
             return target
-        _fetch(urllib.parse.urljoin(self.base_url, entry.url), target, entry.sha256)
+        _fetch(urllib.parse.urljoin(self.base_url, entry.url), target, entry.sha256, max_download_bytes(entry))
         return target
 
     def load(self, name: str) -> nn.Module:
@@ -171,13 +179,19 @@ class Zoo:
         return model.eval()
 
 
-def _fetch(url: str, target: Path, sha256: str) -> None:
+def max_download_bytes(entry: Entry) -> int | None:
+    """The most bytes the weights of ``entry`` can take (from its ``meta.num_params``), ``None`` if unknown."""
+    params = entry.meta.get("num_params")
+    return None if not params else _BYTES_PER_PARAM * int(params) + _SLACK_BYTES
+
+
+def _fetch(url: str, target: Path, sha256: str, max_bytes: int | None = None) -> None:
     """Download ``url`` to ``target`` through a temporary file that is hashed, then moved into place atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
-            digest = _copy(url, stream)
+            digest = _copy(url, stream, max_bytes, time.monotonic() + DEADLINE_S)
         if digest != sha256:
             raise ChecksumError(
                 f"{url} has sha256 {digest}, but the catalog expects {sha256}: the file is corrupt or was replaced "
@@ -188,16 +202,30 @@ def _fetch(url: str, target: Path, sha256: str) -> None:
         Path(partial).unlink(missing_ok=True)
 
 
-def _copy(url: str, stream: Any) -> str:
-    """Stream ``url`` into ``stream``; return the hex SHA-256 of what was received, or raise DownloadError."""
+def _copy(url: str, stream: Any, max_bytes: int | None, deadline: float) -> str:
+    """Stream ``url`` into ``stream`` with a progress bar (on a terminal); return the hex SHA-256 of what was received.
+
+    A body announced or found larger than ``max_bytes`` is refused as soon as that is known, and a transfer still
+    running at ``deadline`` (``time.monotonic()``) is abandoned: both raise ``DownloadError``, as do network errors.
+    """
     digest, received, expected = hashlib.sha256(), 0, None
     try:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
             expected = response.headers.get("Content-Length")
-            while chunk := response.read(_CHUNK):
-                digest.update(chunk)
-                stream.write(chunk)
-                received += len(chunk)
+            _check_size(url, int(expected) if expected is not None else 0, max_bytes)
+            total = int(expected) if expected is not None else None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=Path(url).name, disable=None, leave=False) as bar:
+                while chunk := response.read(_CHUNK):
+                    received += len(chunk)
+                    _check_size(url, received, max_bytes)
+                    if time.monotonic() > deadline:
+                        raise DownloadError(
+                            f"downloading {url} did not finish within {DEADLINE_S:g} s ({received} bytes came); "
+                            f"nothing was cached. Try again on a faster connection, or set ${URL_ENV} to a nearer one"
+                        )
+                    digest.update(chunk)
+                    stream.write(chunk)
+                    bar.update(len(chunk))
     except (OSError, http.client.HTTPException) as error:
         raise DownloadError(
             f"downloading {url} failed after {received} bytes ({type(error).__name__}: {error}); nothing was cached. "
@@ -208,6 +236,14 @@ def _copy(url: str, stream: Any) -> str:
             f"downloading {url} ended after {received} of {expected} bytes; nothing was cached. Try again"
         )
     return digest.hexdigest()
+
+
+def _check_size(url: str, size: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise DownloadError(
+            f"{url} is larger than the {max_bytes} bytes its entry's model can take ({size} bytes announced or "
+            f"received); nothing was cached. The server does not serve this entry's weights: check ${URL_ENV}"
+        )
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -30,17 +30,12 @@ from lightning_dprobust.audit.membership import (
     split_for_audit,
 )
 from lightning_dprobust.audit.roc import roc_auc, roc_curve, roc_metrics, tpr_at_fpr
-from lightning_dprobust.audit.runner import (
-    RecipeTrainer,
-    audit_splits,
-    canary_audit,
-    load_recipe,
-    train_classifier,
-)
-from lightning_dprobust.cli import evaluate as commands
+from lightning_dprobust.audit.runner import RecipeTrainer, audit_splits, canary_audit, train_classifier
 from lightning_dprobust.cli import main
 from lightning_dprobust.cli.audit import audit_command
+from lightning_dprobust.cli.main import command
 from lightning_dprobust.methods import DPSGD
+from lightning_dprobust.recipes import load_recipe
 from tests.helpers import digits, quiet_trainer, read_wandb_history
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpsgd" / "digits.yaml")
@@ -236,7 +231,7 @@ def test_dp_model_leaks_less_membership_than_an_overfit_model_on_the_same_split(
     aucs = {}
     for name, chosen in {"dp": recipe.replace(dp=recipe.dp | {"target_epsilon": 1.0}, batch_size=64),
                          "overfit": overfit_recipe}.items():  # fmt: skip
-        model = train_classifier(chosen, Subset(dataset, members.tolist()), datamodule).module
+        model = train_classifier(chosen, Subset(dataset, members.tolist())).module
         logits, labels = model_outputs(model, dataset)
         order = np.r_[members, nonmembers]
         aucs[name] = roc_auc_score(is_member, loss_scores(logits[order], labels[order]))
@@ -247,8 +242,8 @@ def test_dp_model_leaks_less_membership_than_an_overfit_model_on_the_same_split(
 def test_shadow_and_lira_attacks_detect_an_overfit_model(recipe_and_data, small_member_split, overfit_recipe):
     _, datamodule = recipe_and_data
     dataset, members, nonmembers = small_member_split
-    target = train_classifier(overfit_recipe, Subset(dataset, members.tolist()), datamodule).module
-    shadows = RecipeTrainer(overfit_recipe.replace(max_epochs=60), dataset, datamodule)
+    target = train_classifier(overfit_recipe, Subset(dataset, members.tolist())).module
+    shadows = RecipeTrainer(overfit_recipe.replace(max_epochs=60), dataset)
     report = membership_audit(target, dataset, members, nonmembers, shadows, num_shadows=3, shadow_size=100)
     assert shadows.calls == 3 and report.num_shadows == 3
     assert len(report.split.members) == len(report.split.nonmembers) == 50
@@ -258,7 +253,7 @@ def test_shadow_and_lira_attacks_detect_an_overfit_model(recipe_and_data, small_
 
 # ------------------------------------------------------------------------------------------------------- CLI
 def test_audit_is_a_dprobust_subcommand():
-    assert commands.COMMANDS["audit"] is audit_command
+    assert command("audit") is audit_command
 
 
 @pytest.fixture(scope="module")

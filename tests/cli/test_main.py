@@ -46,7 +46,7 @@ def write_config(tmp_path: Path, edit) -> Path:
 
 
 def dp_args(config: dict) -> dict:
-    return config["trainer"]["callbacks"][0]["init_args"]
+    return config["dp"]
 
 
 def run_main(tmp_path, monkeypatch, *args: str) -> int:

@@ -22,6 +22,7 @@ from lightning_dprobust.zoo import (
     UnknownEntryError,
     UnsafeCheckpointError,
     Zoo,
+    hub,
 )
 from tests.zoo_helpers import TINY_MODEL, TINY_NAME, ZooServer, files_under, tiny_state_dict, torch_bytes, write_entry
 
@@ -108,6 +109,31 @@ def test_an_interrupted_transfer_leaves_no_partial_file(served, mode, error):
     assert files_under(cache) == []
     server.mode = "normal"
     assert client(served).download(TINY_NAME).is_file(), "a later complete transfer must succeed"
+
+
+@pytest.mark.parametrize("mode", ["normal", "no_length"])
+def test_a_body_larger_than_the_entry_model_can_take_is_refused_early(served, mode):
+    """The tiny model's cap is 8 bytes x 103 parameters + 1 MiB; the server sends 8 MiB (or 4 MiB without a
+    Content-Length): refused at the header, or as soon as the bytes received pass the cap."""
+    zoo_dir, server, cache = served
+    write_entry(zoo_dir, torch_bytes(tiny_state_dict()) + bytes(8 << 20))
+    server.mode = mode
+    with pytest.raises(DownloadError, match="larger than the 1049400 bytes its entry's model can take") as raised:
+        client(served).download(TINY_NAME)
+    received = int(str(raised.value).split("(")[1].split(" bytes")[0])
+    assert received == (8 << 20) + len(torch_bytes(tiny_state_dict())) if mode == "normal" else received < 2 << 20
+    assert files_under(cache) == []
+
+
+def test_a_download_past_its_deadline_is_abandoned(served, monkeypatch):
+    zoo_dir, _, cache = served
+    write_entry(zoo_dir, torch_bytes(tiny_state_dict()))
+    monkeypatch.setattr(hub, "DEADLINE_S", -1.0)
+    with pytest.raises(DownloadError, match="did not finish within -1 s"):
+        client(served).download(TINY_NAME)
+    assert files_under(cache) == []
+    monkeypatch.setattr(hub, "DEADLINE_S", 60.0)
+    assert client(served).download(TINY_NAME).is_file()
 
 
 def test_a_corrupted_cached_file_is_reported_not_used(served):

@@ -54,9 +54,7 @@ def test_an_override_of_a_missing_list_element_names_the_choices(path):
 def test_recipe_config_applies_the_entry_overrides_and_epochs():
     entry = zoo.list_entries(DIGITS_DP)[0]
     config, overrides = recipe_config(entry, epochs=2)
-    callbacks = config["trainer"]["callbacks"]
-    dp = [c for c in callbacks if c["class_path"].endswith(".DPCallback")]
-    assert dp[0]["init_args"]["target_epsilon"] == 3.0
+    assert config["dp"]["target_epsilon"] == 3.0 and overrides["dp.target_epsilon"] == 3.0
     assert config["trainer"]["max_epochs"] == 2 and overrides["trainer.max_epochs"] == 2
     with pytest.raises(ZooError, match="epochs must be >= 1"):
         recipe_config(entry, epochs=0)

@@ -163,7 +163,7 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     assert (data.num_classes, list(data.input_shape)) == (kwargs["num_classes"], kwargs["input_shape"])
     assert list(data.mean) == pytest.approx(kwargs["mean"]) and list(data.std) == pytest.approx(kwargs["std"])
     if entry["meta"]["privacy"] is None:
-        assert not any("DPCallback" in c["class_path"] for c in config["trainer"].get("callbacks", []))
+        assert config.get("dp") is None
 
 
 def test_published_reference_values():
@@ -184,11 +184,11 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
     if not (ROOT / entry["meta"]["recipe"]["config"]).is_file():
         pytest.skip("recipe config not written yet")
     config, _ = recipe_config(Zoo(ZOO).info(name))
-    callbacks = [c for c in config["trainer"].get("callbacks", []) if c["class_path"].endswith(".DPCallback")]
+    assert not any(c["class_path"].endswith(".DPCallback") for c in config["trainer"].get("callbacks", []))
     privacy = entry["meta"]["privacy"]
-    assert len(callbacks) == (privacy is not None)
+    assert (config.get("dp") is not None) == (privacy is not None)
     if privacy is not None:
-        args = callbacks[0]["init_args"]
+        args = config["dp"]
         assert privacy["delta"] == args["delta"] and privacy["max_grad_norm"] == args["max_grad_norm"]
         assert privacy["accountant"] == args.get("accountant", DEFAULT_ACCOUNTANT)
         if args.get("noise_multiplier") is not None:

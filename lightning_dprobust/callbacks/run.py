@@ -1,0 +1,174 @@
+"""What ``dprobust fit`` keeps in its run folder and reports: the config written once, the run's DP and data
+parameters in the logger, and the best validation metric for the end-of-fit summary line."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+VALIDATION_METRIC = "val/acc"
+"""The validation metric the end-of-fit summary reports the best value of."""
+
+
+def config_path(trainer: L.Trainer, filename: str = "config.yaml") -> str:
+    """Where ``dprobust fit`` writes its config: the run folder (the logger's ``save_dir``, else the root dir)."""
+    return os.path.join(trainer.log_dir or trainer.default_root_dir, filename)
+
+
+def refuse_used_folder(trainer: L.Trainer, ckpt_path: str | None, filename: str = "config.yaml") -> None:
+    """A new fit into a folder that holds another run's config would mix their files: refused, unless resuming."""
+    path = config_path(trainer, filename)
+    exists = trainer.strategy.broadcast(os.path.isfile(path) if trainer.is_global_zero else False)
+    if exists and not ckpt_path:
+        raise MisconfigurationException(
+            f"{path} already exists: this folder holds another run. Resume it with --ckpt_path last, or write "
+            "this run elsewhere with --trainer.default_root_dir (and the logger's save_dir)"
+        )
+
+
+class SaveConfigOnce(SaveConfigCallback):
+    """Writes ``config.yaml`` into the run folder once training starts, and never over another run's.
+
+    A fit into a folder that already holds a ``config.yaml`` is refused at setup (before anything is written), unless
+    it resumes that run (``--ckpt_path``), which keeps the original file. ``validate``/``test`` write nothing. The
+    logger (W&B) receives the ``dp``, ``data`` and ``seed_everything`` groups and the DP parameters resolved at setup
+    (noise multiplier, sample rate, ...); a W&B logger's run id is stored next to its files (:data:`RUN_ID_FILE`).
+    """
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            refuse_used_folder(trainer, self.config.get("ckpt_path"), self.config_filename)
+            self.already_saved = os.path.isfile(config_path(trainer, self.config_filename))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.already_saved:
+            super().setup(trainer, pl_module, "fit")
+        elif trainer.is_global_zero:  # a resume keeps the folder's config.yaml; its logger run gets the parameters
+            self.save_config(trainer, pl_module, "fit")
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        config = self.config.as_dict()
+        params = {key: config.get(key) for key in ("dp", "data", "seed_everything")}
+        dp = next((callback for callback in trainer.callbacks if hasattr(callback, "ledger")), None)
+        if dp is not None:
+            params["privacy"] = privacy_parameters(dp)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)
+        record_wandb_run_id(trainer)
+
+
+def privacy_parameters(dp: Any) -> dict[str, Any]:
+    """A set-up ``DPCallback``'s parameters: clip, noise multiplier, delta, target, accountant, sample rate."""
+    return {
+        "max_grad_norm": dp.max_grad_norm,
+        "noise_multiplier": dp.noise_multiplier,
+        "delta": dp.delta,
+        "target_epsilon": dp.target_epsilon,
+        "accountant": dp.accountant,
+        "sample_rate": dp.loaders.sample_rate,
+        "clipping": dp.clipping,
+    }
+
+
+class BestValidation(Callback):
+    """Remembers the best :data:`VALIDATION_METRIC` seen at the end of a validation epoch (sanity checks excluded)."""
+
+    def __init__(self) -> None:
+        self.best: float | None = None
+        self.epoch: int | None = None
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get(VALIDATION_METRIC)
+        if trainer.sanity_checking or value is None or not math.isfinite(float(value)):
+            return
+        if self.best is None or float(value) > self.best:
+            self.best, self.epoch = float(value), trainer.current_epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "epoch": self.epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best, self.epoch = state_dict.get("best"), state_dict.get("epoch")
+
+
+def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
+    """One line: epsilon, delta, accountant and steps (or ``no DP``) and the best validation metric."""
+    if dp is None:
+        privacy = "no DP (epsilon = inf)"
+    else:
+        privacy = (
+            f"epsilon {dp.epsilon():.4g} at delta {dp.delta:.3g} ({dp.accountant} accountant), {dp.ledger.steps} steps"
+        )
+    best = next((callback for callback in trainer.callbacks if isinstance(callback, BestValidation)), None)
+    if best is None or best.best is None:
+        validation = f"no {VALIDATION_METRIC} logged"
+    else:
+        validation = f"best {VALIDATION_METRIC} {best.best:.4f} (epoch {best.epoch})"
+    return f"fit done: {privacy}; {validation}"
+
+
+def report_fit(trainer: L.Trainer, dp: Any | None) -> None:
+    """Print :func:`fit_summary` on rank zero and put the final epsilon in the W&B run's summary."""
+    if not trainer.is_global_zero:
+        return
+    print(fit_summary(trainer, dp), flush=True)
+    if dp is None:
+        return
+    for logger in trainer.loggers:
+        summary = getattr(getattr(logger, "experiment", None), "summary", None)
+        if type(logger).__name__ == "WandbLogger" and summary is not None:
+            summary["privacy/final_epsilon"] = float(dp.epsilon())
+            summary["privacy/delta"] = float(dp.delta)
+            summary["privacy/steps"] = int(dp.ledger.steps)
+
+
+RUN_ID_FILE = "wandb_run_id"
+"""File in a W&B logger's ``save_dir`` holding the id of the run that folder belongs to."""
+
+
+def record_wandb_run_id(trainer: L.Trainer) -> None:
+    """Store each W&B logger's run id in its ``save_dir``, so a resume of this folder continues the same run."""
+    for logger in trainer.loggers:
+        if type(logger).__name__ == "WandbLogger" and logger.save_dir:
+            os.makedirs(logger.save_dir, exist_ok=True)
+            with open(os.path.join(logger.save_dir, RUN_ID_FILE), "w") as stream:
+                stream.write(f"{logger.version}\n")
+
+
+def resume_wandb_run(config: Any) -> None:
+    """On a resume, point the config's W&B logger at the run id stored in its ``save_dir`` (if no id is given)."""
+    trainer = config.get("trainer") or {}
+    logger = trainer.get("logger")
+    if (
+        logger is None
+        or isinstance(logger, bool | list)
+        or not str(logger.get("class_path", "")).endswith("WandbLogger")
+    ):
+        return
+    init_args = logger.get("init_args")
+    save_dir = init_args.get("save_dir") or trainer.get("default_root_dir") or "."
+    path = os.path.join(save_dir, RUN_ID_FILE)
+    if init_args.get("id") is None and os.path.isfile(path):
+        with open(path) as stream:
+            init_args["id"] = stream.read().strip()
+
+
+def require_last_checkpoint(trainer: L.Trainer) -> None:
+    """``--ckpt_path last`` must find a ``last.ckpt`` in the run folder: resuming nothing would retrain from scratch."""
+    found = [
+        path
+        for callback in trainer.checkpoint_callbacks
+        if isinstance(callback, ModelCheckpoint)
+        for path in callback._find_last_checkpoints(trainer)
+    ]
+    if not found:
+        raise FileNotFoundError(
+            f"--ckpt_path last: no last checkpoint in the run folder {trainer.log_dir or trainer.default_root_dir} "
+            "(ModelCheckpoint needs save_last: true); pass the path of a .ckpt, or leave --ckpt_path out to start anew"
+        )

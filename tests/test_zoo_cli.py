@@ -51,6 +51,13 @@ def test_table_rows_show_measured_metrics_and_epsilon_for_shipped_entries():
     assert format_table([row]).splitlines()[1].split()[:2] == ["cnn_tanh.dpsgd_mnist_eps1", "shipped"]
 
 
+def test_list_shows_the_recorded_epsilon_not_the_rounded_target():
+    for entry in zoo.list_entries():
+        if entry.shipped and entry.meta["privacy"] is not None:
+            (row,) = table_rows([entry])
+            assert row[3] == f"{entry.meta['privacy']['epsilon']:.3f}" and float(row[3]) != round(float(row[3]))
+
+
 def test_info_prints_the_entry_as_yaml(capsys):
     code, out, _ = run(capsys, "info", "cnn_tanh.dpsgd_fashion_mnist_eps3")
     assert code == 0 and yaml.safe_load(out) == zoo.info("cnn_tanh.dpsgd_fashion_mnist_eps3").to_dict()

@@ -71,7 +71,7 @@ def read_mnist5k_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 def _check_table(path: Path, table: np.ndarray) -> None:
     columns = SIDE * SIDE + 1
     if table.shape[0] == 0 or table.shape[1] != columns:
-        raise _corrupt(path, f"its table has shape {table.shape}, expected rows of {columns} values (784 pixels, label)")
+        raise _corrupt(path, f"its table has shape {table.shape}, expected {columns} values a row (pixels, label)")
     pixels, labels = table[:, :-1], table[:, -1]
     if pixels.min() < 0 or pixels.max() > 255:
         raise _corrupt(path, f"pixel values span [{pixels.min()}, {pixels.max()}], expected 0..255")

@@ -100,7 +100,7 @@ def test_out_of_range_values_are_refused(tmp_path, kind, match):
 def test_wrong_column_count_is_refused(tmp_path):
     path = tmp_path / "short.csv"
     path.write_text("\n".join(",".join(["0"] * 100) for _ in range(3)))
-    with pytest.raises(DatasetNotFoundError, match=r"shape \(3, 100\), expected rows of 785"):
+    with pytest.raises(DatasetNotFoundError, match=r"shape \(3, 100\), expected 785 values a row"):
         read_mnist5k_csv(path)
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from lightning_dprobust.recipes import CONFIG_DIR, build_recipe, find_dp_callback
 
-# benchmarks/ is a folder of scripts, not a package (an unrelated installed "benchmarks" package may exist): load by path
+# benchmarks/ is a folder of scripts, not a package (an installed "benchmarks" package may exist): load it by path
 _SPEC = importlib.util.spec_from_file_location(
     "dprobust_benchmark_seeds", Path(__file__).resolve().parents[1] / "benchmarks" / "seeds.py"
 )

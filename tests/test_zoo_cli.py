@@ -33,7 +33,7 @@ def test_list_prints_one_row_per_entry_under_a_header(capsys):
 
 
 def test_list_filters_by_pattern_and_fails_when_nothing_matches(capsys):
-    code, out, _ = run(capsys, "list", "*.dpsgd_mnist*")
+    code, out, _ = run(capsys, "list", "*.dpsgd_mnist_*")
     assert code == 0 and [line.split()[0] for line in out.splitlines()[1:]] == ["cnn_tanh.dpsgd_mnist_eps1"]
     code, _, err = run(capsys, "list", "nothing*")
     assert code == 2 and "no zoo entry matches 'nothing*'" in err

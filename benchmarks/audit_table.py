@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from seeds import Sweep, add_seed_arguments, sweep
+from seeds import Sweep, add_seed_arguments, run_or_load
 from torch.utils.data import ConcatDataset, Subset
 
 from lightning_dprobust.evaluation.audit import (
@@ -118,7 +118,7 @@ def main() -> None:
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     _, datamodule = zoo_recipe("mlp_tanh.erm_digits")
     rows, start = _rows(args.overfit_members), time.perf_counter()
-    result = sweep(lambda seed: run_seed(seed, rows, datamodule, args), args.seeds, label="audit")
+    result = run_or_load(lambda seed: run_seed(seed, rows, datamodule, args), args, label="audit")
     header = ["model", "AUC loss", "AUC shadow", "AUC LiRA", "TPR@0.1%FPR (l/s/L)", "TPR@1%FPR (l/s/L)",
               "claimed eps", "eps lower bound", "max lower bound"]  # fmt: skip
     table = markdown_table(header, [_cells(index, row.label, result) for index, row in enumerate(rows)])

@@ -21,7 +21,7 @@ import tempfile
 import warnings
 
 import torch
-from seeds import Sweep, add_seed_arguments, seeded_config, sweep
+from seeds import Sweep, add_seed_arguments, run_or_load, seeded_config
 
 from lightning_dprobust.evaluation.attacks import build_attack, robust_accuracy
 from lightning_dprobust.evaluation.certify import certify_dataset, summarize
@@ -113,7 +113,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as root:
-        result = sweep(lambda seed: run_seed(seed, args, root), args.seeds, label=args.dataset)
+        result = run_or_load(lambda seed: run_seed(seed, args, root), args, label=args.dataset)
     print(
         f"\nCertified robustness on {args.dataset} test split, sigma={args.sigma}, n0={args.n0}, n={args.n}, "
         f"alpha={args.alpha}, skip={args.skip}; {result.note()}\n"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +31,26 @@ DEFAULT_SEEDS = (0, 1, 2)
 
 
 def add_seed_arguments(parser: argparse.ArgumentParser, default: Sequence[int] = DEFAULT_SEEDS) -> None:
-    """Add ``--seeds S [S ...]`` (default ``0 1 2``) to a benchmark's parser."""
+    """Add ``--seeds S [S ...]`` (default ``0 1 2``), ``--save-runs FILE`` and ``--from-runs FILE [FILE ...]``.
+
+    Seeds can run in separate processes (``--seeds 0 --save-runs s0.json``, ...) and be aggregated afterwards
+    with ``--from-runs s0.json s1.json ...``, which trains nothing.
+    """
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=list(default), help=f"seeds to run (default: {list(default)})"
     )
+    parser.add_argument("--save-runs", default=None, help="write the per-seed metrics to this JSON file")
+    parser.add_argument("--from-runs", nargs="+", default=None, help="aggregate saved per-seed metrics; train nothing")
+
+
+def run_or_load(run: Callable[[int], Mapping[str, float]], args: argparse.Namespace, label: str = "") -> Sweep:
+    """The sweep the arguments of :func:`add_seed_arguments` ask for: merged from files, or run (and saved)."""
+    if args.from_runs:
+        return Sweep.merge(args.from_runs)
+    result = sweep(run, args.seeds, label)
+    if args.save_runs:
+        result.save(args.save_runs)
+    return result
 
 
 def seeded_config(config: str | Path | Mapping[str, Any], seed: int) -> dict[str, Any]:
@@ -78,6 +95,23 @@ class Sweep:
         if len(self.seeds) == 1:
             return f"{scale * mean:.{digits}f} (1 seed)"
         return f"{scale * mean:.{digits}f} +- {scale * std:.{digits}f}"
+
+    def save(self, path: str | Path) -> None:
+        """Write the seeds and their metrics as JSON, so runs done in separate processes can be merged."""
+        Path(path).write_text(json.dumps({"seeds": self.seeds, "runs": self.runs}, indent=1))
+
+    @classmethod
+    def merge(cls, paths: Sequence[str | Path]) -> Sweep:
+        """The sweeps saved in ``paths`` as one, in seed order; raises ``ValueError`` if a seed appears twice."""
+        pairs = []
+        for path in paths:
+            data = json.loads(Path(path).read_text())
+            pairs += list(zip(data["seeds"], data["runs"], strict=True))
+        seeds = [seed for seed, _ in pairs]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"the saved sweeps {list(map(str, paths))} repeat a seed: {sorted(seeds)}")
+        pairs.sort(key=lambda pair: pair[0])
+        return cls(seeds=[seed for seed, _ in pairs], runs=[run for _, run in pairs])
 
     def note(self) -> str:
         """The sentence that goes under a table: how many seeds, which ones, what the spread is."""

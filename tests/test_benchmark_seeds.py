@@ -82,3 +82,12 @@ def test_a_metric_missing_from_a_run_names_the_seed():
     result = Sweep(seeds=[0, 1], runs=[{"a": 1.0}, {"b": 2.0}])
     with pytest.raises(KeyError, match=r"'a' missing for seeds \[1\]"):
         result.values("a")
+
+
+def test_sweeps_saved_by_separate_processes_merge_in_seed_order(tmp_path):
+    sweep(lambda seed: {"acc": 0.1 * seed}, [2]).save(tmp_path / "b.json")
+    sweep(lambda seed: {"acc": 0.1 * seed}, [0, 1]).save(tmp_path / "a.json")
+    merged = Sweep.merge([tmp_path / "b.json", tmp_path / "a.json"])
+    assert merged.seeds == [0, 1, 2] and merged.values("acc").tolist() == pytest.approx([0.0, 0.1, 0.2])
+    with pytest.raises(ValueError, match="repeat a seed"):
+        Sweep.merge([tmp_path / "a.json", tmp_path / "a.json"])

@@ -200,6 +200,7 @@ def test_unknown_names_get_close_matches(served):
         (lambda e: e["meta"].pop("privacy"), "meta needs"),
         (lambda e: e["meta"].update(privacy={"epsilon": 1.0}), "meta.privacy"),
         (lambda e: e.update(status="recipe"), "meta needs"),
+        (lambda e: e["meta"].update(certification={"n": 1000, "samples": 5}), "meta.certification"),
     ],
 )
 def test_malformed_entries_are_rejected_naming_the_file(tmp_path, edit, message):

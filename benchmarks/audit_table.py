@@ -16,7 +16,8 @@ seed, so model initialization and DP sampling, and the seed of the audits' rando
 
 Every cell is mean +- sample standard deviation over the seeds (``benchmarks/seeds.py``); the last column is the
 largest lower bound of any seed. Usage: ``python benchmarks/audit_table.py [--seeds 0 1 2] [--shadows 8]
-[--canaries 200] [--out FILE]``. One seed takes about 4 minutes on 2 idle CPU cores.
+[--canaries 200] [--out FILE]``.
+Seeds can run in parallel processes (``--seeds 0 --save-runs s0.json`` ...) and be tabulated with ``--from-runs``.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def main() -> None:
     text = (
         f"{table}\n\n{result.note()}. Membership: {args.shadows} shadow models per row; TPR columns: "
         f"loss/shadow/LiRA. {caveats}.\nOne-run audit: {args.canaries} mislabeled canaries, 95% confidence, delta "
-        f"1e-5, union bound over the guess grid. Total time {time.perf_counter() - start:.0f} s."
+        f"1e-5, union bound over the guess grid."
+        + ("" if args.from_runs else f" Total time {time.perf_counter() - start:.0f} s.")
     )
     print(f"\n{text}")
     if args.out:

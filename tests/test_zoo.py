@@ -282,8 +282,6 @@ def test_the_embedded_data_entries_are_shipped():
         "dpcert_digits_eps3_s050",
         "dpadv_digits_eps3",
         "erm_mnist5k",
-        "dpsgd_mnist5k_eps1",
-        "dpsgd_mnist5k_eps3",
-        "dpcert_mnist5k_eps3_s025",
-        "dpadv_mnist5k_eps3",
+        *(f"{method}_mnist5k_eps{epsilon}" for method in ("dpsgd", "dpadv") for epsilon in (1, 3)),
+        *(f"dpcert_mnist5k_eps{epsilon}_s025" for epsilon in (1, 3)),
     }

@@ -3,7 +3,7 @@
 A comparison of methods is only as good as its spread: one seed can be the best of ten. :func:`sweep` calls a
 function once per seed and collects the metrics it returns; :class:`Sweep` formats each metric as ``mean +- std``
 (sample standard deviation, ``ddof = 1``) and names the seeds. :func:`seeded_config` is the one place where a seed
-enters a recipe: it sets ``seed_everything`` (model initialization, and the data module's shuffling generator)
+enters a recipe: it sets ``seed_everything`` (model initialization and every other draw from the global RNG)
 and the ``DPCallback``'s ``seed`` (the Poisson sampling and noise of its explicit, reproducible mode). The data
 split (``data.init_args.seed``) stays as the recipe sets it, so every seed is evaluated on the same test split.
 

@@ -1,12 +1,16 @@
-"""DP-CERT vs DP-SGD + smoothing, and DP-Adv vs DP-SGD, on digits at the same privacy budget, in one run.
+"""DP-CERT vs DP-SGD + smoothing, and DP-Adv vs DP-SGD, at the same privacy budget, over several seeds.
 
-Trains the three shipped digits recipes (``configs/{dpsgd,dpcert,dpadv}/digits.yaml``: epsilon 3, delta 1e-5), then
+For each seed (``--seeds``, default 0 1 2: model initialization and DP sampling, see ``benchmarks/seeds.py``; the
+data split stays the recipe's) trains the three recipes ``configs/{dpsgd,dpcert,dpadv}/<dataset>.yaml`` (digits:
+epsilon 3, delta 1e-5), then
 
-* certifies DP-SGD and DP-CERT on the whole test split with randomized smoothing at the training sigma (0.25), with
-  the same certification settings (``--n0``, ``--n``, ``--alpha``, one generator seeded with ``--seed``);
-* attacks DP-SGD and DP-Adv with PGD-Linf at ``--eps`` (20 steps) on the whole test split.
+* certifies DP-SGD and DP-CERT on the test split with randomized smoothing at ``--sigma`` with the same settings
+  (``--n0``, ``--n``, ``--alpha``, ``--skip``; the certification generator is seeded with the run's seed);
+* attacks DP-SGD and DP-Adv with PGD-Linf at ``--eps`` (20 steps; the random start is seeded with the run's seed).
 
-Prints both comparisons as markdown tables. Usage: ``python benchmarks/robustness_comparison.py [--n 10000]``.
+Prints both comparisons as markdown tables of mean +- sample standard deviation over the seeds, and the paired
+difference of certified accuracy (DP-CERT minus DP-SGD, same seed). Usage:
+``python benchmarks/robustness_comparison.py [--seeds 0 1 2] [--dataset digits] [--n 10000]``.
 """
 
 from __future__ import annotations
@@ -16,84 +20,105 @@ import logging
 import tempfile
 import warnings
 
+from seeds import Sweep, add_seed_arguments, run_or_load, seeded_config
+
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
 from lightning_dprobust.robustness.certify import certify_dataset, summarize
 from lightning_dprobust.robustness.reports import markdown_table
 
 RADII = (0.0, 0.25, 0.5, 0.75)
+CERTIFIED = {"dpsgd": "DP-SGD + smoothing", "dpcert": "DP-CERT (gaussian)"}
+ATTACKED = {"dpsgd": "DP-SGD", "dpadv": "DP-Adv (PGD-Linf 0.1)"}
 
 
-def train(method: str, root: str):
+def evaluate(method: str, seed: int, args: argparse.Namespace, root: str) -> dict[str, float]:
+    """Train ``method``'s recipe with ``seed``; its epsilon, clean accuracy, certificates and/or PGD accuracy."""
     quiet = [
         "--trainer.logger=false",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={root}/{method}",
+        f"--trainer.default_root_dir={root}/{method}-{seed}",
     ]
-    fitted = fit_recipe(CONFIG_DIR / method / "digits.yaml", quiet)
-    return fitted.module.eval(), fitted
+    fitted = fit_recipe(seeded_config(CONFIG_DIR / method / f"{args.dataset}.yaml", seed), quiet)
+    module, test_set = fitted.module.eval(), fitted.datamodule.test_set
+    metrics = {"epsilon": fitted.privacy.epsilon(), "clean": fitted.test["test/acc"]}
+    if method in CERTIFIED:
+        settings = dict(sigma=args.sigma, n0=args.n0, n=args.n, alpha=args.alpha, skip=args.skip)
+        rows = certify_dataset(module, test_set, batch_size=1000, seed=seed, progress=False, **settings)
+        metrics |= {key: value for key, value in summarize(rows, RADII).items() if key != "num_examples"}
+    if method in ATTACKED:
+        attack = {"PGD": build_attack("PGD", module, args.eps, steps=20)}
+        metrics["pgd"] = robust_accuracy(module, test_set.tensors, attack, seed=seed)["PGD"]  # seed: random start
+    return metrics
+
+
+def run_seed(seed: int, args: argparse.Namespace, root: str) -> dict[str, float]:
+    """All three methods at one seed, metrics keyed ``<method>/<metric>``, plus the paired certified-accuracy gaps."""
+    metrics = {}
+    for method in ("dpsgd", "dpcert", "dpadv"):
+        metrics |= {f"{method}/{key}": value for key, value in evaluate(method, seed, args, root).items()}
+    for radius in RADII:
+        key = f"certified_acc@{radius:g}"
+        metrics[f"gap/{key}"] = metrics[f"dpcert/{key}"] - metrics[f"dpsgd/{key}"]
+    return metrics
+
+
+def certified_table(result: Sweep, args: argparse.Namespace) -> str:
+    header = ["method", "epsilon", "clean acc (%)", *(f"cert. acc r={r:g} (%)" for r in RADII), "ACR"]
+    rows = [
+        [
+            label,
+            result.cell(f"{method}/epsilon", digits=3),
+            result.cell(f"{method}/clean", 100),
+            *(result.cell(f"{method}/certified_acc@{r:g}", 100) for r in RADII),
+            result.cell(f"{method}/acr", digits=4),
+        ]
+        for method, label in CERTIFIED.items()
+    ]
+    gap = result.values("gap/certified_acc@0.25")
+    return (
+        f"{markdown_table(header, rows)}\n\nDP-CERT minus DP-SGD (paired by seed), certified accuracy at r = 0.25: "
+        f"{result.cell('gap/certified_acc@0.25', 100)} points; DP-CERT ahead in {(gap > 0).sum()}/{len(gap)} seeds."
+    )
+
+
+def attack_table(result: Sweep, args: argparse.Namespace) -> str:
+    header = ["method", "epsilon", "clean acc (%)", f"PGD acc eps={args.eps:g} (%)"]
+    rows = [
+        [
+            label,
+            result.cell(f"{method}/epsilon", digits=3),
+            result.cell(f"{method}/clean", 100),
+            result.cell(f"{method}/pgd", 100),
+        ]
+        for method, label in ATTACKED.items()
+    ]
+    return markdown_table(header, rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="digits", help="configs/<method>/<dataset>.yaml (default: digits)")
     parser.add_argument("--n0", type=int, default=100)
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--alpha", type=float, default=0.001)
+    parser.add_argument("--skip", type=int, default=1, help="certify every skip-th test example (default: 1)")
     parser.add_argument("--sigma", type=float, default=0.25)
     parser.add_argument("--eps", type=float, default=0.1, help="PGD-Linf budget for the DP-Adv comparison")
-    parser.add_argument("--seed", type=int, default=0)
+    add_seed_arguments(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-
     with tempfile.TemporaryDirectory() as root:
-        models = {method: train(method, root) for method in ("dpsgd", "dpcert", "dpadv")}
-    test_set = models["dpsgd"][1].datamodule.test_set
-
-    rows = []
-    for method, label in (("dpsgd", "DP-SGD + smoothing"), ("dpcert", "DP-CERT (gaussian)")):
-        module, fitted = models[method]
-        certified = certify_dataset(
-            module,
-            test_set,
-            sigma=args.sigma,
-            n0=args.n0,
-            n=args.n,
-            alpha=args.alpha,
-            batch_size=1000,
-            seed=args.seed,
-            progress=False,
-        )
-        summary = summarize(certified, RADII)
-        rows.append(
-            [
-                label,
-                f"{fitted.privacy.epsilon():.3f}",
-                f"{100 * fitted.test['test/acc']:.2f}",
-                *(f"{100 * summary[f'certified_acc@{r:g}']:.2f}" for r in RADII),
-                f"{summary['acr']:.4f}",
-            ]
-        )
+        result = run_or_load(lambda seed: run_seed(seed, args, root), args, label=args.dataset)
     print(
-        f"\nCertified robustness on digits ({len(test_set)} test images), sigma={args.sigma}, n0={args.n0}, "
-        f"n={args.n}, alpha={args.alpha}\n"
+        f"\nCertified robustness on {args.dataset} test split, sigma={args.sigma}, n0={args.n0}, n={args.n}, "
+        f"alpha={args.alpha}, skip={args.skip}; {result.note()}\n"
     )
-    print(
-        markdown_table(["method", "epsilon", "clean acc (%)", *(f"cert. acc r={r:g} (%)" for r in RADII), "ACR"], rows)
-    )
-
-    images, labels = test_set.tensors
-    rows = []
-    for method, label in (("dpsgd", "DP-SGD"), ("dpadv", "DP-Adv (PGD-Linf 0.1)")):
-        module, fitted = models[method]
-        attack = {"PGD": build_attack("PGD", module, args.eps, steps=20)}
-        accuracy = robust_accuracy(module, (images, labels), attack)
-        rows.append(
-            [label, f"{fitted.privacy.epsilon():.3f}", f"{100 * accuracy['clean']:.2f}", f"{100 * accuracy['PGD']:.2f}"]
-        )
-    print(f"\nEmpirical robustness on digits ({len(labels)} test images), PGD-Linf eps={args.eps}, 20 steps\n")
-    print(markdown_table(["method", "epsilon", "clean acc (%)", f"PGD acc eps={args.eps:g} (%)"], rows))
+    print(certified_table(result, args))
+    print(f"\nEmpirical robustness on {args.dataset} test split, PGD-Linf eps={args.eps}, 20 steps; {result.note()}\n")
+    print(attack_table(result, args))
 
 
 if __name__ == "__main__":

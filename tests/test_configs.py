@@ -10,13 +10,15 @@ from lightning_dprobust.cli import main
 from lightning_dprobust.recipes import CONFIG_DIR, build_recipe
 
 CONFIGS = sorted(CONFIG_DIR.glob("*/*.yaml"))
-EMBEDDED = [path for path in CONFIGS if path.stem == "digits"]
-NEEDS_FILES = [path for path in CONFIGS if path.stem != "digits"]
+EMBEDDED_SHAPES = {"digits": (1, 8, 8), "mnist5k": (1, 28, 28)}
+EMBEDDED = [path for path in CONFIGS if path.stem in EMBEDDED_SHAPES]
+NEEDS_FILES = [path for path in CONFIGS if path.stem not in EMBEDDED_SHAPES]
 
 
 def test_every_method_has_a_digits_config_and_the_paper_datasets():
     names = {f"{path.parent.name}/{path.stem}" for path in CONFIGS}
     assert {"dpsgd/digits", "erm/digits", "dpcert/digits", "dpadv/digits"} <= names
+    assert {"dpsgd/mnist5k", "erm/mnist5k", "dpcert/mnist5k", "dpadv/mnist5k"} <= names
     assert {"dpcert/mnist", "dpcert/fashion_mnist", "dpcert/cifar10"} <= names
     assert {"dpadv/mnist", "dpadv/fashion_mnist", "dpadv/cifar10", "dpadv/celeba"} <= names
 
@@ -24,7 +26,7 @@ def test_every_method_has_a_digits_config_and_the_paper_datasets():
 @pytest.mark.parametrize("config", EMBEDDED, ids=lambda path: f"{path.parent.name}/{path.stem}")
 def test_embedded_data_configs_instantiate(config: Path):
     cli = build_recipe(config, ["--trainer.logger=false"])
-    assert cli.model.num_classes == 10 and tuple(cli.model.input_shape) == (1, 8, 8)
+    assert cli.model.num_classes == 10 and tuple(cli.model.input_shape) == EMBEDDED_SHAPES[config.stem]
 
 
 @pytest.mark.parametrize("config", NEEDS_FILES, ids=lambda path: f"{path.parent.name}/{path.stem}")

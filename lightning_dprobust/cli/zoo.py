@@ -22,14 +22,16 @@ def _format_metrics(metrics: dict | None) -> str:
 
 
 def _epsilon(entry: Entry) -> str:
+    """A shipped entry's recorded epsilon to three decimals (2.997, not the rounded 3); a recipe's target."""
     privacy = entry.meta["privacy"]
     if privacy is None:
         return "inf (not private)"
     epsilon = privacy["epsilon"]
     if epsilon is None:
         return "?"
-    label = "inf" if math.isinf(epsilon) else f"{epsilon:.3g}"
-    return label if entry.shipped else f"{label} (target)"
+    if math.isinf(epsilon):
+        return "inf"
+    return f"{epsilon:.3f}" if entry.shipped else f"{epsilon:g} (target)"
 
 
 def table_rows(entries: Sequence[Entry]) -> list[tuple[str, ...]]:

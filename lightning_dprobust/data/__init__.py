@@ -8,10 +8,12 @@ from lightning_dprobust.data.cifar10 import CIFAR10DataModule
 from lightning_dprobust.data.digits import DigitsDataModule
 from lightning_dprobust.data.idc import IDCDataModule
 from lightning_dprobust.data.mnist import FashionMNISTDataModule, MNISTDataModule
+from lightning_dprobust.data.mnist5k import MNIST5kDataModule
 from lightning_dprobust.data.tiny_imagenet import TinyImageNetDataModule
 
 DATAMODULES: dict[str, type[ImageDataModule]] = {
     "digits": DigitsDataModule,
+    "mnist5k": MNIST5kDataModule,
     "mnist": MNISTDataModule,
     "fashion_mnist": FashionMNISTDataModule,
     "cifar10": CIFAR10DataModule,
@@ -29,6 +31,7 @@ __all__ = [
     "FashionMNISTDataModule",
     "IDCDataModule",
     "ImageDataModule",
+    "MNIST5kDataModule",
     "MNISTDataModule",
     "TinyImageNetDataModule",
     "resolve_data_dir",

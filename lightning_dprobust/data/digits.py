@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from torch.utils.data import TensorDataset
 
-from lightning_dprobust.data.base import ImageDataModule
+from lightning_dprobust.data.embedded import EmbeddedDataModule
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -18,7 +15,7 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return images, bunch.target.astype(np.int64)
 
 
-class DigitsDataModule(ImageDataModule):
+class DigitsDataModule(EmbeddedDataModule):
     """The 8x8 UCI digits (1,797 images, 10 classes) split into train/val/test, stratified by class.
 
     The split is a deterministic function of ``seed``: with the defaults 1,293 train, 144 val and 360 test images.
@@ -35,22 +32,5 @@ class DigitsDataModule(ImageDataModule):
     mean = (0.3063,)
     std = (0.3794,)
 
-    def __init__(self, test_fraction: float = 0.2, val_fraction: float = 0.1, **kwargs) -> None:
-        super().__init__(**kwargs)
-        for key, value in (("test_fraction", test_fraction), ("val_fraction", val_fraction)):
-            if not 0.0 < value < 1.0:
-                raise ValueError(f"{key} must lie in (0, 1), got {value}: set --data.{key} to e.g. 0.2")
-        self.test_fraction = test_fraction
-        self.val_fraction = val_fraction
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        images, labels = load_digits_arrays()
-        index = np.arange(len(labels))
-        rest, test = train_test_split(index, test_size=self.test_fraction, stratify=labels, random_state=self.seed)
-        train, val = train_test_split(rest, test_size=self.val_fraction, stratify=labels[rest], random_state=self.seed)
-        x, y = torch.from_numpy(images), torch.from_numpy(labels)
-        self.train_set = TensorDataset(x[train], y[train])
-        self.val_set = TensorDataset(x[val], y[val])
-        self.test_set = TensorDataset(x[test], y[test])
+    def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return load_digits_arrays()

@@ -1,10 +1,12 @@
-"""Seeded splits: a random train/validation split and a split that keeps each group (patient) in one split."""
+"""Seeded splits: a random train/validation split, a stratified train/val/test split, and a split that keeps each
+group (patient) in one split."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import numpy as np
+from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset, Subset
 
 
@@ -34,6 +36,26 @@ def split_dataset(dataset: Dataset, val_fraction: float, seed: int) -> tuple[Sub
     """Split ``dataset`` into train and validation subsets as :func:`random_split_indices` does."""
     train, val = random_split_indices(len(dataset), val_fraction, seed)  # type: ignore[arg-type]
     return Subset(dataset, train.tolist()), Subset(dataset, val.tolist())
+
+
+def stratified_split_indices(
+    labels: np.ndarray, test_fraction: float, val_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split ``range(len(labels))`` into train, validation and test indices with the class proportions of ``labels``.
+
+    ``test_fraction`` of all examples go to the test split, then ``val_fraction`` of the rest to the validation
+    split (scikit-learn's ``train_test_split`` with ``stratify``, twice, both with ``random_state=seed``), so the
+    split is a deterministic function of ``(labels, test_fraction, val_fraction, seed)``.
+
+    Raises:
+        ValueError: if a fraction is not in ``(0, 1)``, or a split would get fewer examples than there are classes.
+    """
+    check_fraction("test_fraction", test_fraction)
+    check_fraction("val_fraction", val_fraction)
+    index = np.arange(len(labels))
+    rest, test = train_test_split(index, test_size=test_fraction, stratify=labels, random_state=seed)
+    train, val = train_test_split(rest, test_size=val_fraction, stratify=labels[rest], random_state=seed)
+    return train, val, test
 
 
 def split_groups(groups: Sequence[str], targets: Sequence[int], seed: int) -> list[np.ndarray]:

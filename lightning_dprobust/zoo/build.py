@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -29,6 +30,10 @@ from lightning_dprobust.zoo.catalog import Entry, ZooError
 from lightning_dprobust.zoo.hub import ZOO_DIR, Zoo, fit_state_dict, sha256_file
 
 REPO_ROOT = ZOO_DIR.parent
+ATTACK_SEEDS = (0, 1, 2)
+"""Seeds of the random starts over which a build averages robust accuracy."""
+CERTIFICATION = {"n0": 100, "n": 10_000, "alpha": 0.001, "skip": 1}
+"""Certification settings of a build, unless the entry's ``meta.certification`` overrides some of them."""
 
 
 def apply_override(config: dict[str, Any], dotted: str, value: Any) -> None:
@@ -125,8 +130,10 @@ def train_and_evaluate(
     """Fit the config as ``dprobust fit`` would (no logger, files under ``workdir``) and evaluate the final model.
 
     Metrics: ``test_acc`` always; with ``evaluation["smoothing"] = {"sigma": s}`` the certified accuracy at radii
-    0 / 0.25 / 0.5 / 0.75 and the ACR of the test split (n0 = 100, n = 10,000, alpha = 0.001, seed 0); with
-    ``evaluation["robustness"] = {"attack": name, "eps": e, ...}`` the robust accuracy under that attack.
+    0 / 0.25 / 0.5 / 0.75 and the ACR of the test split (:data:`CERTIFICATION` updated by
+    ``evaluation["certification"]``, generator seed 0); with ``evaluation["robustness"] = {"attack": name, "eps": e,
+    ...}`` the robust accuracy under that attack, mean and sample standard deviation (key suffix ``_std``) over the
+    random starts seeded with :data:`ATTACK_SEEDS`.
 
     Returns:
         The trained model (the module's ``model``), the metrics, and the privacy record of its ``DPCallback``
@@ -139,19 +146,22 @@ def train_and_evaluate(
     metrics = {"test_acc": round(float(fitted.test["test/acc"]), 6)}
     evaluation = evaluation or {}
     if evaluation.get("smoothing"):
-        metrics |= _certified_metrics(module, fitted.datamodule.test_set, evaluation["smoothing"]["sigma"])
+        metrics |= _certified_metrics(
+            module, fitted.datamodule.test_set, evaluation["smoothing"]["sigma"], evaluation.get("certification")
+        )
     if evaluation.get("robustness"):
         metrics |= _robust_metrics(module, fitted.datamodule.test_dataloader(), **evaluation["robustness"])
     privacy = None if fitted.privacy is None else privacy_record(fitted.privacy)
     return module.model, metrics, privacy
 
 
-def _certified_metrics(module: nn.Module, test_set: Any, sigma: float) -> dict[str, float]:
+def _certified_metrics(
+    module: nn.Module, test_set: Any, sigma: float, certification: dict[str, Any] | None
+) -> dict[str, float]:
     from lightning_dprobust.robustness.certify import certify_dataset, summarize
 
-    rows = certify_dataset(
-        module, test_set, sigma=sigma, n0=100, n=10_000, alpha=0.001, batch_size=1000, seed=0, progress=False
-    )
+    settings = CERTIFICATION | (certification or {})
+    rows = certify_dataset(module, test_set, sigma=sigma, batch_size=1000, seed=0, progress=False, **settings)
     summary = summarize(rows, (0.0, 0.25, 0.5, 0.75))
     return {key: round(float(value), 6) for key, value in summary.items() if key != "num_examples"}
 
@@ -159,9 +169,12 @@ def _certified_metrics(module: nn.Module, test_set: Any, sigma: float) -> dict[s
 def _robust_metrics(module: nn.Module, loader: Any, attack: str, eps: float, **kwargs: Any) -> dict[str, float]:
     from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
 
-    torch.manual_seed(0)  # the random start of PGD-like attacks
-    accuracy = robust_accuracy(module, loader, {attack: build_attack(attack, module, eps, **kwargs)})
-    return {f"{attack.lower()}_{eps:g}_acc": round(float(accuracy[attack]), 6)}
+    accuracies = []
+    for seed in ATTACK_SEEDS:
+        suite = {attack: build_attack(attack, module, eps, **kwargs)}
+        accuracies.append(robust_accuracy(module, loader, suite, seed=seed)[attack])  # seed: the random start
+    key = f"{attack.lower()}_{eps:g}_acc"
+    return {key: round(float(np.mean(accuracies)), 6), f"{key}_std": round(float(np.std(accuracies, ddof=1)), 6)}
 
 
 def privacy_record(dp: Any) -> dict[str, Any]:
@@ -213,7 +226,7 @@ def build(
     out = Path(out_dir) if out_dir is not None else zoo.catalog_dir
     config, overrides = recipe_config(entry, epochs=epochs)
     with tempfile.TemporaryDirectory(prefix="dprobust-zoo-build-") as workdir:
-        evaluation = {"smoothing": entry.meta.get("smoothing"), "robustness": entry.meta.get("robustness")}
+        evaluation = {key: entry.meta.get(key) for key in ("smoothing", "robustness", "certification")}
         model, metrics, privacy = train_and_evaluate(config, Path(workdir), evaluation)
     fresh = entry.build_model()
     fit_state_dict(

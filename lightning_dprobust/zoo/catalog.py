@@ -21,7 +21,8 @@ PRIVACY_KEYS = ("epsilon", "delta", "accountant", "noise_multiplier", "max_grad_
 ENTRY_KEYS = ("name", "status", "url", "file", "sha256", "model", "preprocessing", "meta")
 META_KEYS = ("dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe")
 RECIPE_META_KEYS = ("target_metrics", "target_citation")
-OPTIONAL_META_KEYS = RECIPE_META_KEYS + ("notes", "robustness")
+OPTIONAL_META_KEYS = RECIPE_META_KEYS + ("notes", "robustness", "certification")
+CERTIFICATION_KEYS = ("n0", "n", "alpha", "skip")
 WEIGHT_SUFFIXES = (".pth", ".safetensors")
 NAME_PATTERN = re.compile(r"^(?P<arch>[a-z0-9_]+)\.(?P<tag>[a-z0-9_]+)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -71,7 +72,9 @@ class Entry:
         meta: ``dataset``, ``num_params``, ``method``, ``paper``, ``metrics`` (fractions, e.g. ``test_acc``),
             ``privacy`` (``PRIVACY_KEYS``, ``None`` when not private), ``smoothing`` (``{"sigma": s}`` or
             ``None``), ``recipe`` (``config``, ``overrides``, ``config_sha256``, ``commit``) and, for recipes,
-            ``target_metrics`` with ``target_citation`` (paper numbers, kept after a build); optional ``notes``.
+            ``target_metrics`` with ``target_citation`` (paper numbers, kept after a build); optional ``notes``,
+            ``robustness`` (the attack a build evaluates) and ``certification`` (``n0``, ``n``, ``alpha``, ``skip``
+            of the build's certification, where they differ from the defaults).
     """
 
     name: str
@@ -169,6 +172,13 @@ def _check_meta(meta: Any, status: str, source: str) -> None:
     robustness = meta.get("robustness")
     if robustness is not None and (not isinstance(robustness, dict) or not {"attack", "eps"} <= set(robustness)):
         raise catalog_error(source, "meta.robustness must be null or {attack: <suite name>, eps: <budget>, ...kwargs}")
+    certification = meta.get("certification")
+    if certification is not None and (
+        not isinstance(certification, dict) or not set(certification) <= set(CERTIFICATION_KEYS)
+    ):
+        raise catalog_error(
+            source, f"meta.certification must be null or a mapping with keys among {list(CERTIFICATION_KEYS)}"
+        )
     if not isinstance(meta["metrics"], dict) or (status == "shipped" and not meta["metrics"]):
         raise catalog_error(source, "meta.metrics must be a mapping, with the measured metrics when shipped")
     if not isinstance(meta["recipe"], dict) or not {"config", "commit"} <= set(meta["recipe"]):

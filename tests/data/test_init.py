@@ -8,6 +8,7 @@ from lightning_dprobust.data import DATAMODULES, ImageDataModule
 
 SHAPES = {
     "digits": ((1, 8, 8), 10),
+    "mnist5k": ((1, 28, 28), 10),
     "mnist": ((1, 28, 28), 10),
     "fashion_mnist": ((1, 28, 28), 10),
     "cifar10": ((3, 32, 32), 10),

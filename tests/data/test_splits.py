@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_dprobust.data.splits import random_split_indices, split_dataset, split_groups
+from lightning_dprobust.data.splits import random_split_indices, split_dataset, split_groups, stratified_split_indices
 
 
 @given(n=st.integers(1, 200), fraction=st.floats(0.0, 0.95), seed=st.integers(0, 2**32 - 1))
@@ -55,3 +55,23 @@ def test_group_split_order_depends_on_the_seed():
     groups = [f"p{k // 3}" for k in range(30)]
     splits = {tuple(split_groups(groups, [6, 9], seed)[0].tolist()) for seed in range(8)}
     assert len(splits) > 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_stratified_split_partitions_and_keeps_the_class_proportions(seed):
+    labels = np.repeat(np.arange(4), [40, 20, 20, 20])
+    train, val, test = stratified_split_indices(labels, 0.25, 0.2, seed)
+    assert sorted(np.concatenate([train, val, test]).tolist()) == list(range(len(labels)))
+    assert (len(test), len(val), len(train)) == (25, 15, 60)
+    for part, size in ((train, 60), (val, 15), (test, 25)):
+        np.testing.assert_allclose(np.bincount(labels[part], minlength=4) / size, [0.4, 0.2, 0.2, 0.2], atol=0.04)
+    again = stratified_split_indices(labels, 0.25, 0.2, seed)
+    assert all(np.array_equal(a, b) for a, b in zip((train, val, test), again, strict=True))
+    assert not np.array_equal(np.sort(test), np.sort(stratified_split_indices(labels, 0.25, 0.2, seed + 7)[2]))
+
+
+@pytest.mark.parametrize("key", ["test_fraction", "val_fraction"])
+def test_stratified_split_rejects_fractions_outside_the_unit_interval(key):
+    fractions = {"test_fraction": 0.2, "val_fraction": 0.1, key: 1.0}
+    with pytest.raises(ValueError, match=f"{key} must lie in"):
+        stratified_split_indices(np.arange(20) % 2, seed=0, **fractions)

@@ -12,7 +12,7 @@ import yaml
 from safetensors.torch import save
 
 from lightning_dprobust import zoo
-from lightning_dprobust.data import DigitsDataModule
+from lightning_dprobust.data import DATAMODULES
 from lightning_dprobust.models import create_model
 from lightning_dprobust.zoo import (
     CatalogError,
@@ -226,6 +226,7 @@ def test_unknown_names_get_close_matches(served):
         (lambda e: e["meta"].pop("privacy"), "meta needs"),
         (lambda e: e["meta"].update(privacy={"epsilon": 1.0}), "meta.privacy"),
         (lambda e: e.update(status="recipe"), "meta needs"),
+        (lambda e: e["meta"].update(certification={"n": 1000, "samples": 5}), "meta.certification"),
     ],
 )
 def test_malformed_entries_are_rejected_naming_the_file(tmp_path, edit, message):
@@ -273,31 +274,32 @@ def test_cache_and_url_come_from_the_environment(monkeypatch, tmp_path):
 
 
 # --------------------------------------------------------------------------------------- the shipped weights
-SHIPPED_DIGITS = [entry for entry in zoo.list_entries("*digits*") if entry.status == "shipped"]
+EMBEDDED = ("digits", "mnist5k")
+SHIPPED_EMBEDDED = [entry for entry in zoo.list_entries() if entry.shipped and entry.meta["dataset"] in EMBEDDED]
 
 
-def digits_test_split(entry) -> tuple[torch.Tensor, torch.Tensor]:
+def recipe_test_split(entry) -> tuple[torch.Tensor, torch.Tensor]:
     """The test split of the entry's recipe, rebuilt from the recipe config's data arguments."""
     config = yaml.safe_load((ROOT / entry.meta["recipe"]["config"]).read_text())
-    data = DigitsDataModule(**config["data"].get("init_args", {}))
+    data = DATAMODULES[entry.meta["dataset"]](**config["data"].get("init_args", {}))
     data.setup("test")
     images, labels = data.test_set.tensors
     return images, labels
 
 
-@pytest.mark.parametrize("entry", SHIPPED_DIGITS, ids=lambda entry: entry.name)
-def test_shipped_digits_weights_reach_their_recorded_test_accuracy(entry, monkeypatch, tmp_path):
+@pytest.mark.parametrize("entry", SHIPPED_EMBEDDED, ids=lambda entry: entry.name)
+def test_shipped_weights_reach_their_recorded_test_accuracy(entry, monkeypatch, tmp_path):
     monkeypatch.setenv("DPROBUST_HOME", str(tmp_path))
     model = zoo.load(entry.name)
-    images, labels = digits_test_split(entry)
+    images, labels = recipe_test_split(entry)
     with torch.no_grad():
         accuracy = (model(images).argmax(dim=1) == labels).float().mean().item()
     assert abs(accuracy - entry.meta["metrics"]["test_acc"]) <= 0.005
-    assert accuracy > 0.5, "a digits model must beat chance (10%) by far"
+    assert accuracy > 0.5, "an embedded-data model must beat chance (10%) by far"
 
 
-def test_the_digits_entries_are_shipped():
-    assert {entry.tag for entry in SHIPPED_DIGITS} == {
+def test_the_embedded_data_entries_are_shipped():
+    assert {entry.tag for entry in SHIPPED_EMBEDDED} == {
         "erm_digits",
         "dpsgd_digits_eps1",
         "dpsgd_digits_eps3",
@@ -305,4 +307,7 @@ def test_the_digits_entries_are_shipped():
         "dpcert_digits_eps3_s025",
         "dpcert_digits_eps3_s050",
         "dpadv_digits_eps3",
+        "erm_mnist5k",
+        *(f"{method}_mnist5k_eps{epsilon}" for method in ("dpsgd", "dpadv") for epsilon in (1, 3)),
+        *(f"dpcert_mnist5k_eps{epsilon}_s025" for epsilon in (1, 3)),
     }

@@ -30,7 +30,7 @@ RAW = {path.stem: yaml.safe_load(path.read_text()) for path in sorted((ZOO / "en
 NAMES = sorted(RAW)
 REQUIRED = {"name", "status", "url", "file", "sha256", "model", "preprocessing", "meta"}
 META_REQUIRED = {"dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe"}
-META_PERMITTED = META_REQUIRED | {"target_metrics", "target_citation", "notes", "robustness"}
+META_PERMITTED = META_REQUIRED | {"target_metrics", "target_citation", "notes", "robustness", "certification"}
 PRIVACY = {"epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps"}
 
 

@@ -34,7 +34,7 @@ def test_list_prints_one_row_per_entry_under_a_header(capsys):
 
 
 def test_list_filters_by_pattern_and_fails_when_nothing_matches(capsys):
-    code, out, _ = run(capsys, "list", "*.dpsgd_mnist*")
+    code, out, _ = run(capsys, "list", "*.dpsgd_mnist_*")
     assert code == 0 and [line.split()[0] for line in out.splitlines()[1:]] == ["cnn_tanh.dpsgd_mnist_eps1"]
     code, _, err = run(capsys, "list", "nothing*")
     assert code == 2 and "no zoo entry matches 'nothing*'" in err
@@ -50,6 +50,13 @@ def test_table_rows_show_measured_metrics_and_epsilon_for_shipped_entries():
     (row,) = table_rows([entry])
     assert row[3] == "0.999" and row[4] == "test_acc=0.9612"
     assert format_table([row]).splitlines()[1].split()[:2] == ["cnn_tanh.dpsgd_mnist_eps1", "shipped"]
+
+
+def test_list_shows_the_recorded_epsilon_not_the_rounded_target():
+    for entry in zoo.list_entries():
+        if entry.shipped and entry.meta["privacy"] is not None:
+            (row,) = table_rows([entry])
+            assert row[3] == f"{entry.meta['privacy']['epsilon']:.3f}" and float(row[3]) != round(float(row[3]))
 
 
 def test_info_prints_the_entry_as_yaml(capsys):

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from lightning_dprobust.audit import white_box_audit
 from lightning_dprobust.audit.faults import replayed_noise
-from lightning_dprobust.audit.runner import canary_audit, load_recipe
+from lightning_dprobust.audit.runner import canary_audit
+from lightning_dprobust.recipes import load_recipe
 from lightning_dprobust.robustness.reports import markdown_table, write_text
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "dpsgd" / "digits.yaml"

@@ -10,7 +10,7 @@ import torch
 
 from lightning_dprobust.audit import white_box_audit
 from lightning_dprobust.audit.faults import replayed_noise
-from lightning_dprobust.audit.runner import load_recipe
+from lightning_dprobust.recipes import load_recipe
 from lightning_dprobust.audit.white_box import CANARY_GRADIENT_SCALE, canary_scores, with_gradient_canaries
 from lightning_dprobust.core.accounting import epsilon_for
 from lightning_dprobust.core.per_sample import PerExampleClipper

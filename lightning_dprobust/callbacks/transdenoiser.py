@@ -114,6 +114,13 @@ class TransDenoiserCallback(DPCallback):
         if stage == "fit":
             self._module = pl_module
             self._slices = pl_module.parameter_slices()
+            sliced = [name for names in self._slices.values() for name in names]
+            trainable = [name for name, p in pl_module.named_parameters() if p.requires_grad]
+            if sorted(sliced) != sorted(trainable):
+                raise MisconfigurationException(
+                    "TransDenoiserCallback: the parameter slices must cover every trainable parameter exactly once "
+                    f"(slices: {sorted(sliced)}, trainable: {sorted(trainable)}); freeze the public classifier"
+                )
             unknown = set(self.transform_slices) - set(self._slices)
             if unknown:
                 raise MisconfigurationException(
@@ -140,15 +147,11 @@ class TransDenoiserCallback(DPCallback):
         self.last_multipliers = multipliers
         if self._generator is None:
             self._generator = secret_generator(self._noise_seed, inputs[0].device)
+        stds = {key: multipliers[key] * self.max_grad_norm if self._rank == 0 else 0.0 for key in self._slices}
+        noisy = add_slice_noise(clipped.grads, self._slices, stds, self._generator)
         scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
         params = self._clipper.trainable_parameters()
-        surrogate = torch.zeros((), device=inputs[0].device)
-        for key, names in self._slices.items():
-            std = multipliers[key] * self.max_grad_norm if self._rank == 0 else 0.0
-            for name in names:
-                grad = clipped.grads[name]
-                noise = torch.randn(grad.shape, generator=self._generator, device=grad.device, dtype=grad.dtype)
-                surrogate = surrogate + (params[name] * ((grad + std * noise) * scale)).sum()
+        surrogate = sum((params[name] * (noisy[name] * scale)).sum() for name in noisy)
         self.ledger.record(self.xi_up, self.loaders.sample_rate)
         return surrogate
 
@@ -208,10 +211,23 @@ class TransDenoiserCallback(DPCallback):
         super().load_state_dict(state_dict)
 
 
+def add_slice_noise(
+    grads: dict[str, Tensor], slices: dict[str, list[str]], stds: dict[str, float], generator: torch.Generator
+) -> dict[str, Tensor]:
+    """``grads`` plus independent ``N(0, stds[slice]^2)`` noise on every coordinate of each slice's parameters."""
+    noisy = {}
+    for key, names in slices.items():
+        for name in names:
+            grad = grads[name]
+            draw = torch.randn(grad.shape, generator=generator, device=grad.device, dtype=grad.dtype)
+            noisy[name] = grad + stds[key] * draw
+    return noisy
+
+
 def _all_reduce(tensor: Tensor, op: Any) -> Tensor:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=op)
     return tensor
 
 
-__all__ = ["MODES", "TransDenoiserCallback"]
+__all__ = ["MODES", "TransDenoiserCallback", "add_slice_noise"]

@@ -73,6 +73,8 @@ class TransDenoiser(ClassifierModule):
             multiplied by ``1 + ramp_rate`` per step, up to ``sigma``).
         sigma_start: first sigma of the ramp. ramp_rate: growth per step of the ramp.
         noise_seed: fixed seed of the input noise (test mode, warned).
+        mean: ignored (linked from the data module): the denoiser works on ``[0, 1]`` images and ``h`` carries its
+            own normalization. std: ignored, as ``mean``.
         **kwargs: see :class:`~lightning_dprobust.methods.base.ClassifierModule` (``optimizer``, ``lr``, ...).
 
     Example:
@@ -96,9 +98,12 @@ class TransDenoiser(ClassifierModule):
         noise_seed: int | None = None,
         optimizer: Literal["sgd", "adam", "adamw"] = "adam",
         lr: float = 1e-3,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
         **kwargs: Any,
     ) -> None:
         _check_noise(sigma, sigma_schedule, sigma_start, ramp_rate)
+        # the denoiser maps [0, 1] images to [0, 1] images: no normalization (the classifier carries its own)
         super().__init__(model=denoiser, model_kwargs=denoiser_kwargs, optimizer=optimizer, lr=lr, **kwargs)
         # the base class saved every constructor argument; "model" duplicates "denoiser", and a module is no YAML
         for key in ("model", "model_kwargs") + (("classifier",) if isinstance(classifier, nn.Module) else ()):

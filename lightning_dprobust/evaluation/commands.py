@@ -29,7 +29,7 @@ from lightning_dprobust.evaluation.certify import (
     write_markdown,
 )
 from lightning_dprobust.evaluation.command_line import CommandParser, add_output_flags, resolve_device
-from lightning_dprobust.evaluation.loading import load_classifier
+from lightning_dprobust.evaluation.loading import load_classifier, load_denoised_classifier
 from lightning_dprobust.evaluation.reports import log_wandb, write_text
 from lightning_dprobust.zoo_cli import zoo_command
 
@@ -86,14 +86,15 @@ def _labels(sources: Sequence[str]) -> list[str]:
     return labels
 
 
-def _load_models(sources: Sequence[str], device: torch.device) -> dict[str, nn.Module]:
-    """All models by label, loaded before any evaluation starts so a bad ``--ckpt`` fails fast."""
+def _load_models(sources: Sequence[str], device: torch.device, denoiser: str | None = None) -> dict[str, nn.Module]:
+    """All models by label (behind ``denoiser`` when given), loaded before any evaluation so a bad flag fails fast."""
     from lightning_dprobust.zoo_catalog import ZooError
 
     models = {}
     for label, source in zip(_labels(sources), sources, strict=True):
         try:
-            models[label] = load_classifier(source).to(device)
+            model = load_classifier(source) if denoiser is None else load_denoised_classifier(source, denoiser)
+            models[label] = model.to(device)
         except FileNotFoundError as error:
             raise FileNotFoundError(f"--ckpt: {error}") from error
         except ZooError as error:
@@ -126,6 +127,12 @@ def _certify_parser() -> CommandParser:
     add("--n", type=int, default=100_000, help="estimation draws per example (default: 100000)")
     add("--alpha", type=float, default=0.001, help="failure probability (default: 0.001)")
     add("--skip", type=int, default=1, help="certify every skip-th example (default: 1)")
+    add(
+        "--denoiser",
+        default=None,
+        metavar="PATH_OR_ZOO_NAME",
+        help="certify each --ckpt classifier behind this denoiser: a TransDenoiser .ckpt or a zoo denoiser entry",
+    )
     add("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar")
     return parser
 
@@ -148,7 +155,7 @@ def certify_command(argv: Sequence[str]) -> None:
     """
     args = _certify_parser().parse_args(argv)
     _check_certify(args)
-    models = _load_models(args.ckpt, resolve_device(args.device))
+    models = _load_models(args.ckpt, resolve_device(args.device), args.denoiser)
     dataset, num_classes = _load_split(args)
     out, curves, summaries, written = Path(args.out), {}, {}, []
     options = {key: getattr(args, key) for key in ("sigma", "n0", "n", "alpha", "batch_size", "seed", "skip")}

@@ -121,6 +121,11 @@ class TransDenoiser(ClassifierModule):
         """Logits of ``h(g(x))``; for a certified prediction, smooth this module with noise ``sigma``."""
         return self.classifier(self.model(x))
 
+    @property
+    def denoiser(self) -> nn.Module:
+        """The denoiser ``g`` (the base class's ``model``)."""
+        return self.model
+
     def train(self, mode: bool = True) -> TransDenoiser:
         """Set the denoiser's mode; the public classifier always stays in eval mode."""
         super().train(mode)

@@ -207,3 +207,26 @@ def test_resume_refuses_another_mode():
     with pytest.raises(MisconfigurationException, match="mode"):
         TransDenoiserCallback(mode="transdenoiser", delta=1e-5).load_state_dict(state)
     assert isinstance(dp, DPCallback) and math.isclose(dp.noise_multiplier, 2.0)
+
+
+def test_certify_command_takes_a_denoiser_checkpoint_in_front_of_a_classifier(tmp_path, capsys):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_dprobust.cli import main
+    from lightning_dprobust.evaluation.loading import load_classifier
+
+    module = denoiser(classifier="mlp_tanh.erm_digits")
+    saver = ModelCheckpoint(dirpath=tmp_path, filename="td")
+    quiet_trainer(tmp_path, max_steps=2, enable_checkpointing=True, callbacks=[saver]).fit(module, digits())
+    restored = load_classifier(str(tmp_path / "td.ckpt"))
+    assert isinstance(restored, TransDenoiser)
+    small = ["--n0", "10", "--n", "50", "--max-examples", "4", "--no-progress", "--no-wandb", "--device", "cpu"]
+    pair = ["--ckpt", "mlp_tanh.erm_digits", "--denoiser", str(tmp_path / "td.ckpt")]
+    assert main(["certify", *pair, *small, "--out", str(tmp_path / "pair")]) == 0
+    assert main(["certify", "--ckpt", str(tmp_path / "td.ckpt"), *small, "--out", str(tmp_path / "alone")]) == 0
+    pair_rows = (tmp_path / "pair" / "mlp_tanh.erm_digits" / "certify.csv").read_text().splitlines()[1:]
+    alone_rows = (tmp_path / "alone" / "td" / "certify.csv").read_text().splitlines()[1:]
+    without_time = [[row.rsplit(",", 1)[0] for row in rows] for rows in (pair_rows, alone_rows)]
+    assert without_time[0] == without_time[1]  # the same h(g(x)) with the same generator: the same certificates
+    assert main(["certify", "--ckpt", "mlp_tanh.erm_digits", "--denoiser", "mlp_tanh.erm_digits", *small]) == 2
+    assert "holds no denoiser" in capsys.readouterr().err

@@ -62,11 +62,23 @@ def run(config: dict, seed: int, n: int) -> dict[str, float]:
         if "DPCallback" in callback["class_path"] or "TransDenoiser" in callback["class_path"]:
             callback["init_args"]["seed"] = seed
     with tempfile.TemporaryDirectory() as workdir:
-        quiet = ["--trainer.logger=false", f"--trainer.default_root_dir={workdir}", "--trainer.enable_progress_bar=false"]
+        quiet = [
+            "--trainer.logger=false",
+            f"--trainer.default_root_dir={workdir}",
+            "--trainer.enable_progress_bar=false",
+        ]
         fitted = fit_recipe(config, quiet, test=False)
     module = fitted.module.eval()
     rows = certify_dataset(
-        module, fitted.datamodule.test_set, sigma=SIGMA, n0=100, n=n, alpha=0.001, batch_size=1000, seed=0, progress=False
+        module,
+        fitted.datamodule.test_set,
+        sigma=SIGMA,
+        n0=100,
+        n=n,
+        alpha=0.001,
+        batch_size=1000,
+        seed=0,
+        progress=False,
     )
     metrics = {key: float(value) for key, value in summarize(rows, RADII).items() if key != "num_examples"}
     metrics["epsilon"] = float(fitted.privacy.epsilon()) if fitted.privacy is not None else float("inf")

@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torch.func import functional_call
@@ -136,6 +137,12 @@ class TransDenoiserCallback(DPCallback):
         if trainer.max_epochs is not None and trainer.max_epochs > 0:
             planned = min(planned, trainer.max_epochs * self.loaders.steps_per_epoch)
         self.planned_steps = max(1, planned)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        rank_zero_info(
+            f"TransDenoiserCallback({self.mode}): epsilon = {self.epsilon():.4f} at delta = {self.delta:g} after "
+            f"{self.ledger.steps} steps of noise multiplier xi_up = {self.xi_up} (accountant {self.accountant})"
+        )
 
     # ------------------------------------------------------------------------------------------- the DP step
     def private_step(self, inputs: tuple[Tensor, ...]) -> Tensor:

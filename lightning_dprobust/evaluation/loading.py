@@ -66,6 +66,6 @@ def load_denoised_classifier(classifier: str, denoiser: str, map_location: str |
     g = getattr(source, "denoiser", None)
     if not isinstance(g, nn.Module):
         raise ValueError(
-            f"--denoiser {denoiser!r} holds no denoiser: pass a TransDenoiser checkpoint or a zoo entry of kind denoiser"
+            f"--denoiser {denoiser!r} holds no denoiser: pass a TransDenoiser .ckpt or a zoo entry of kind denoiser"
         )
     return DenoisedClassifier(load_classifier(classifier, map_location), g).eval()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -131,6 +132,11 @@ class TransDenoiser(ClassifierModule):
         super().train(mode)
         self.classifier.eval()
         return self
+
+    def on_train_end(self) -> None:
+        """Say so when the denoiser was trained without a DP callback (the ``nodp`` ablation)."""
+        if self.private_step is None:
+            rank_zero_info("TransDenoiser: trained without TransDenoiserCallback (nodp): NOT private, epsilon = inf")
 
     def parameter_slices(self) -> dict[str, list[str]]:
         """Names (relative to the module) of the denoiser's trainable parameters in each slice.

@@ -120,7 +120,7 @@ def test_sepdp_noise_is_at_least_transdenoisers_at_every_step(tmp_path):
     fit(tmp_path / "sep", denoiser(), "sepdp", sep, max_steps=3)
     fit(tmp_path / "trans", denoiser(), "transdenoiser", trans, max_steps=3)
     assert len(sep.steps) == len(trans.steps) == 3
-    for s, t in zip(sep.steps, trans.steps):
+    for s, t in zip(sep.steps, trans.steps, strict=True):
         assert s == {"first": 2.0, "middle": 2.0, "last": 2.0}
         assert all(t[key] <= s[key] for key in s)
         assert t["middle"] == 2.0  # not in transform_slices: always the full noise

@@ -230,3 +230,33 @@ def test_certify_command_takes_a_denoiser_checkpoint_in_front_of_a_classifier(tm
     assert without_time[0] == without_time[1]  # the same h(g(x)) with the same generator: the same certificates
     assert main(["certify", "--ckpt", "mlp_tanh.erm_digits", "--denoiser", "mlp_tanh.erm_digits", *small]) == 2
     assert "holds no denoiser" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dprobust_fit_of_the_digits_config_logs_to_wandb_and_prints_epsilon(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import read_wandb_history
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "transdenoiser" / "digits.yaml"
+    env = os.environ | {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_SERVICE", None)
+    command = [
+        str(Path(sys.executable).with_name("dprobust")),
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.max_epochs=1",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TransDenoiserCallback(transdenoiser): epsilon = " in result.stdout + result.stderr
+    (run_file,) = tmp_path.glob("runs/transdenoiser-digits/wandb/offline-run-*/run-*.wandb")
+    rows = read_wandb_history(run_file)
+    epsilons = [row["privacy/epsilon"] for row in rows if "privacy/epsilon" in row]
+    assert len(epsilons) == 1 and 0 < epsilons[0] <= 1.0
+    assert [row["val/acc"] for row in rows if "val/acc" in row] and any("val/mse" in row for row in rows)
+    assert list(tmp_path.glob("runs/transdenoiser-digits/**/last.ckpt"))

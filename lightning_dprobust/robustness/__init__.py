@@ -1,0 +1,1 @@
+"""Robustness: attacks, certification reports and per-example robustness metrics."""

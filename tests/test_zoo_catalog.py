@@ -197,15 +197,16 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
     if not (ROOT / entry["meta"]["recipe"]["config"]).is_file():
         pytest.skip("recipe config not written yet")
     config, _ = recipe_config(Zoo(ZOO).info(name))
-    callbacks = [c for c in config["trainer"].get("callbacks", []) if c["class_path"].endswith(".DPCallback")]
+    private = (".DPCallback", ".TransDenoiserCallback")
+    callbacks = [c for c in config["trainer"].get("callbacks", []) if c["class_path"].endswith(private)]
     privacy = entry["meta"]["privacy"]
     assert len(callbacks) == (privacy is not None)
     if privacy is not None:
         args = callbacks[0]["init_args"]
         assert privacy["delta"] == args["delta"] and privacy["max_grad_norm"] == args["max_grad_norm"]
         assert privacy["accountant"] == args.get("accountant", "rdp")
-        if args.get("noise_multiplier") is not None:
-            assert privacy["noise_multiplier"] == args["noise_multiplier"]
+        if args.get("noise_multiplier", args.get("xi_up")) is not None:  # TransDenoiser records xi_up per step
+            assert privacy["noise_multiplier"] == args.get("noise_multiplier", args.get("xi_up"))
         if args.get("target_epsilon") is not None and privacy["epsilon"] is not None:
             assert privacy["epsilon"] <= args["target_epsilon"] * 1.005
             assert privacy["epsilon"] >= (0.95 if entry["status"] == "shipped" else 1.0) * args["target_epsilon"]

@@ -26,7 +26,8 @@ def load_public_classifier(
     """The frozen public classifier ``h``: a module, a zoo entry name, or ``timm/<arch>`` (with timm's weights).
 
     Raises:
-        ValueError: the name is neither a zoo entry nor a timm architecture.
+        ValueError: the name is neither a zoo entry nor a timm architecture, or the entry cannot be loaded (e.g. it
+            is a recipe without weights: the message says how to build it).
     """
     if isinstance(classifier, nn.Module):
         return classifier
@@ -40,7 +41,10 @@ def load_public_classifier(
             f"TransDenoiser(classifier={classifier!r}) is neither a zoo entry nor 'timm/<arch>': pass a public "
             "pre-trained classifier, e.g. 'mlp_tanh.erm_digits' (see `dprobust zoo list`)"
         )
-    return zoo.load(classifier)
+    try:
+        return zoo.load(classifier)
+    except zoo.ZooError as error:  # e.g. a recipe entry without weights yet
+        raise ValueError(f"TransDenoiser(classifier={classifier!r}): {error}") from error
 
 
 class TransDenoiser(ClassifierModule):

@@ -54,3 +54,23 @@ def _from_checkpoint(path: Path, map_location) -> nn.Module:
     check_state_dict_fits(module, checkpoint["state_dict"], str(path))
     module.load_state_dict(checkpoint["state_dict"])
     return module
+
+
+def load_denoised_classifier(classifier: str, denoiser: str, map_location: str | torch.device = "cpu") -> nn.Module:
+    """``h(g(x))`` in eval mode: the classifier ``h`` from ``classifier`` behind the denoiser ``g`` from ``denoiser``.
+
+    ``denoiser`` is a ``.ckpt`` written by fitting :class:`~lightning_dprobust.methods.TransDenoiser` or a zoo entry of
+    kind ``denoiser``; only its denoiser is used, in front of ``classifier`` (a ``.ckpt`` or a zoo name).
+
+    Raises:
+        ValueError: ``denoiser`` holds no denoiser.
+    """
+    from lightning_dprobust.models import DenoisedClassifier
+
+    source = load_classifier(denoiser, map_location)
+    g = getattr(source, "denoiser", None)
+    if not isinstance(g, nn.Module):
+        raise ValueError(
+            f"--denoiser {denoiser!r} holds no denoiser: pass a TransDenoiser .ckpt or a zoo entry of kind denoiser"
+        )
+    return DenoisedClassifier(load_classifier(classifier, map_location), g).eval()

@@ -8,12 +8,16 @@ per-example gradient clipping.
 from __future__ import annotations
 
 from lightning_dprobust.models.cnn import CNNTanh, MLPTanh
+from lightning_dprobust.models.denoised import DenoisedClassifier
+from lightning_dprobust.models.dncnn import DnCNN
 from lightning_dprobust.models.dp_compat import dp_incompatibilities, make_dp_compatible
 from lightning_dprobust.models.normalize import Normalize, NormalizedModel
 from lightning_dprobust.models.registry import create_model, list_models, register_model
 
 __all__ = [
     "CNNTanh",
+    "DenoisedClassifier",
+    "DnCNN",
     "MLPTanh",
     "Normalize",
     "NormalizedModel",

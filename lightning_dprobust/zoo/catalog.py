@@ -17,11 +17,13 @@ from torch import nn
 from lightning_dprobust.models import create_model
 
 STATUSES = ("shipped", "recipe")
+KINDS = ("classifier", "denoiser")
+"""A denoiser entry's model maps images to images; ``meta.classifier`` names the zoo classifier it was trained for."""
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps")
 ENTRY_KEYS = ("name", "status", "url", "file", "sha256", "model", "preprocessing", "meta")
 META_KEYS = ("dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe")
 RECIPE_META_KEYS = ("target_metrics", "target_citation")
-OPTIONAL_META_KEYS = RECIPE_META_KEYS + ("notes", "robustness", "certification")
+OPTIONAL_META_KEYS = RECIPE_META_KEYS + ("notes", "robustness", "certification", "classifier")
 CERTIFICATION_KEYS = ("n0", "n", "alpha", "skip")
 WEIGHT_SUFFIXES = (".pth", ".safetensors")
 NAME_PATTERN = re.compile(r"^(?P<arch>[a-z0-9_]+)\.(?P<tag>[a-z0-9_]+)$")
@@ -74,7 +76,9 @@ class Entry:
             ``None``), ``recipe`` (``config``, ``overrides``, ``config_sha256``, ``commit``) and, for recipes,
             ``target_metrics`` with ``target_citation`` (paper numbers, kept after a build); optional ``notes``,
             ``robustness`` (the attack a build evaluates) and ``certification`` (``n0``, ``n``, ``alpha``, ``skip``
-            of the build's certification, where they differ from the defaults).
+            of the build's certification, where they differ from the defaults); for denoisers ``classifier``, the zoo
+            entry of the public classifier the denoiser was trained for.
+        kind: ``"classifier"`` (default; not written to the YAML) or ``"denoiser"``.
     """
 
     name: str
@@ -85,6 +89,7 @@ class Entry:
     url: str | None = None
     file: str | None = None
     sha256: str | None = None
+    kind: str = "classifier"
 
     @property
     def arch(self) -> str:
@@ -107,7 +112,8 @@ class Entry:
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain YAML-able data, keys in catalog order."""
-        return {key: getattr(self, key) for key in ENTRY_KEYS}
+        data = {key: getattr(self, key) for key in ENTRY_KEYS}
+        return data if self.kind == "classifier" else {"kind": self.kind, **data}
 
     def to_yaml(self) -> str:
         """The entry as the YAML text of a catalog file (block style, no anchors)."""
@@ -133,9 +139,10 @@ def catalog_error(source: str, problem: str) -> CatalogError:
 
 
 def _check_entry(data: Any, source: str) -> None:
-    if not isinstance(data, dict) or set(data) != set(ENTRY_KEYS):
+    if not isinstance(data, dict) or set(data) - {"kind"} != set(ENTRY_KEYS):
         found = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise catalog_error(source, f"needs exactly the keys {list(ENTRY_KEYS)}, found {found}")
+        raise catalog_error(source, f"needs exactly the keys {list(ENTRY_KEYS)} (and optionally kind), found {found}")
+    _check_kind(data, source)
     name, status, model = data["name"], data["status"], data["model"]
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise catalog_error(
@@ -153,6 +160,17 @@ def _check_entry(data: Any, source: str) -> None:
         _check_weights(data, source)
     elif any(data[key] is not None for key in ("url", "file", "sha256")):
         raise catalog_error(source, "a recipe entry publishes no weights: set url, file and sha256 to null")
+
+
+def _check_kind(data: dict[str, Any], source: str) -> None:
+    kind = data.get("kind", "classifier")
+    if kind not in KINDS:
+        raise catalog_error(source, f"kind {kind!r} must be one of {KINDS}")
+    classifier = data["meta"].get("classifier") if isinstance(data["meta"], dict) else None
+    if (kind == "denoiser") != isinstance(classifier, str):
+        raise catalog_error(
+            source, "a denoiser entry (kind: denoiser) needs meta.classifier naming its zoo classifier; others none"
+        )
 
 
 def _check_meta(meta: Any, status: str, source: str) -> None:

@@ -44,6 +44,7 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
+from lightning_dprobust.models.denoised import DenoisedClassifier
 from lightning_dprobust.paths import shipped_root
 from lightning_dprobust.zoo.catalog import (
     CatalogError,
@@ -168,6 +169,8 @@ class Zoo:
     def load(self, name: str) -> nn.Module:
         """The entry's model with its verified weights, on CPU in eval mode (inputs: images in ``[0, 1]``).
 
+        A denoiser entry comes back in front of its classifier (``meta.classifier``): ``h(g(x))``, ready to certify.
+
         Raises:
             UnsafeCheckpointError: if the file holds anything but a flat ``{name: tensor}`` state dict.
             CatalogError: if the state dict does not fit the entry's model.
@@ -176,6 +179,8 @@ class Zoo:
         state = read_state_dict(self.download(name))
         model = entry.build_model()
         fit_state_dict(model, state, f"the weights of {name!r} do not fit its model {entry.model['name']}")
+        if entry.kind == "denoiser":
+            return DenoisedClassifier(self.load(entry.meta["classifier"]), model).eval()
         return model.eval()
 
 

@@ -10,11 +10,11 @@ import torch
 
 from lightning_dprobust.audit import white_box_audit
 from lightning_dprobust.audit.faults import replayed_noise
-from lightning_dprobust.recipes import load_recipe
 from lightning_dprobust.audit.white_box import CANARY_GRADIENT_SCALE, canary_scores, with_gradient_canaries
 from lightning_dprobust.core.accounting import epsilon_for
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
+from lightning_dprobust.recipes import load_recipe
 
 SIGMA, EPOCHS, CANARIES = 2.0, 3, 1000
 """Accounted noise, epochs and gradient canaries of the audited runs: claimed epsilon about 1.6 at delta 1e-5."""

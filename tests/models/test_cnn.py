@@ -8,6 +8,7 @@ import torch
 from lightning_dprobust.models import create_model, dp_incompatibilities, list_models
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
+DENOISERS = {"dncnn_gn"}
 
 # Hand-derived parameter counts for 10 classes (weights + biases):
 #   1x28x28: Papernot et al. 2020 / DP-CERT / DP-Adv specs: 1,040 + 8,224 + 16,416 + 330 = 26,010.
@@ -22,7 +23,7 @@ def test_every_registered_model_builds_and_runs(name: str, shape: tuple[int, int
     torch.manual_seed(0)
     model = create_model(name, num_classes=7, input_shape=shape)
     logits = model(torch.rand(3, *shape))
-    assert logits.shape == (3, 7)
+    assert logits.shape == ((3, *shape) if name in DENOISERS else (3, 7))  # a denoiser maps images to images
     assert torch.isfinite(logits).all()
     assert dp_incompatibilities(model) == []
 
@@ -69,3 +70,14 @@ def test_cnn_tanh_large_input_and_kwargs() -> None:
 def test_cnn_tanh_rejects_tiny_images() -> None:
     with pytest.raises(ValueError, match="H, W >= 3"):
         create_model("cnn_tanh", num_classes=10, input_shape=(1, 2, 8))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dncnn_slices_and_parameter_count(shape: tuple[int, int, int]) -> None:
+    channels = shape[0]
+    model = create_model("dncnn_gn", num_classes=10, input_shape=shape, width=16, depth=4, groups=4).net
+    first, middle, last = (sum(p.numel() for p in m.parameters()) for m in (model.first, model.middle, model.last))
+    assert (first, last) == (channels * 16 * 9 + 16, 16 * channels * 9 + channels)
+    assert middle == 2 * (16 * 16 * 9 + 2 * 16)  # two bias-free 3x3 convolutions, each with GroupNorm
+    with pytest.raises(ValueError, match="divide"):
+        create_model("dncnn_gn", num_classes=10, input_shape=shape, width=16, groups=5)

@@ -30,7 +30,14 @@ RAW = {path.stem: yaml.safe_load(path.read_text()) for path in sorted((ZOO / "en
 NAMES = sorted(RAW)
 REQUIRED = {"name", "status", "url", "file", "sha256", "model", "preprocessing", "meta"}
 META_REQUIRED = {"dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe"}
-META_PERMITTED = META_REQUIRED | {"target_metrics", "target_citation", "notes", "robustness", "certification"}
+META_PERMITTED = META_REQUIRED | {
+    "target_metrics",
+    "target_citation",
+    "notes",
+    "robustness",
+    "certification",
+    "classifier",
+}
 PRIVACY = {"epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps"}
 
 
@@ -54,7 +61,8 @@ def test_the_catalog_has_the_planned_datasets_and_reads_through_the_api():
 @pytest.mark.parametrize("name", NAMES)
 def test_keys_name_and_status(name):
     entry = RAW[name]
-    assert set(entry) == REQUIRED
+    assert set(entry) - {"kind"} == REQUIRED
+    assert entry.get("kind", "classifier") in ("classifier", "denoiser")
     assert entry["name"] == name
     arch, tag = re.fullmatch(r"([a-z0-9_]+)\.([a-z0-9_]+)", name).groups()
     assert arch in list_models() or is_timm_model(arch), f"{arch} is neither registered nor a timm architecture"
@@ -78,13 +86,19 @@ def test_num_params_and_preprocessing_match_the_built_model(name):
     kwargs, preprocessing = entry["model"]["kwargs"], entry["preprocessing"]
     assert preprocessing["input_shape"] == kwargs["input_shape"]
     assert preprocessing["value_range"] == [0.0, 1.0] and preprocessing["normalization"] == "model"
-    assert model.normalize.mean.flatten().tolist() == pytest.approx(kwargs["mean"])
-    assert model.normalize.std.flatten().tolist() == pytest.approx(kwargs["std"])
+    channels = kwargs["input_shape"][0]
+    assert model.normalize.mean.flatten().tolist() == pytest.approx(kwargs.get("mean", [0.0] * channels))
+    assert model.normalize.std.flatten().tolist() == pytest.approx(kwargs.get("std", [1.0] * channels))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kind_specific_meta(name):
     meta = RAW[name]["meta"]
+    if RAW[name].get("kind") == "denoiser":  # names the classifier it was trained for, an entry of this catalog
+        assert meta["classifier"] in NAMES and RAW[meta["classifier"]].get("kind", "classifier") == "classifier"
+        assert meta["smoothing"] is not None
+    else:
+        assert "classifier" not in meta
     if meta["smoothing"] is not None:
         assert set(meta["smoothing"]) == {"sigma"} and meta["smoothing"]["sigma"] > 0
     privacy = meta["privacy"]
@@ -153,15 +167,21 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     config, _ = recipe_config(Zoo(ZOO).info(name))
     init = config["model"]["init_args"]
     kwargs = entry["model"]["kwargs"]
-    assert init["model"] == entry["model"]["name"]
+    denoiser = entry.get("kind") == "denoiser"  # the model is TransDenoiser's denoiser, in front of meta.classifier
+    assert init["denoiser" if denoiser else "model"] == entry["model"]["name"]
+    if denoiser:
+        assert init["classifier"] == entry["meta"]["classifier"]
     extra = {
-        k: v for k, v in (init.get("model_kwargs") or {}).items() if k not in ("pretrained", "pretrained_cfg_overlay")
+        k: v
+        for k, v in (init.get("denoiser_kwargs" if denoiser else "model_kwargs") or {}).items()
+        if k not in ("pretrained", "pretrained_cfg_overlay")
     }
     assert extra == {k: v for k, v in kwargs.items() if k not in ("num_classes", "input_shape", "mean", "std")}
     data = _data_module(config)
     assert data.name == entry["meta"]["dataset"]
     assert (data.num_classes, list(data.input_shape)) == (kwargs["num_classes"], kwargs["input_shape"])
-    assert list(data.mean) == pytest.approx(kwargs["mean"]) and list(data.std) == pytest.approx(kwargs["std"])
+    if not denoiser:  # a denoiser works on [0, 1] images without normalization
+        assert list(data.mean) == pytest.approx(kwargs["mean"]) and list(data.std) == pytest.approx(kwargs["std"])
     if entry["meta"]["privacy"] is None:
         assert config.get("dp") is None
 
@@ -191,8 +211,8 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
         args = config["dp"]
         assert privacy["delta"] == args["delta"] and privacy["max_grad_norm"] == args["max_grad_norm"]
         assert privacy["accountant"] == args.get("accountant", DEFAULT_ACCOUNTANT)
-        if args.get("noise_multiplier") is not None:
-            assert privacy["noise_multiplier"] == args["noise_multiplier"]
+        if args.get("noise_multiplier", args.get("xi_up")) is not None:  # TransDenoiser records xi_up per step
+            assert privacy["noise_multiplier"] == args.get("noise_multiplier", args.get("xi_up"))
         if args.get("target_epsilon") is not None and privacy["epsilon"] is not None:
             assert privacy["epsilon"] <= args["target_epsilon"] * 1.005
             assert privacy["epsilon"] >= (0.95 if entry["status"] == "shipped" else 1.0) * args["target_epsilon"]

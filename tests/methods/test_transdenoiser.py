@@ -1,0 +1,262 @@
+"""TransDenoiser (thesis chapter 6): input noise, frozen classifier, slicing, top-up noise and the privacy ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_dprobust.callbacks import DPCallback, TransDenoiserCallback
+from lightning_dprobust.callbacks.transdenoiser import add_slice_noise
+from lightning_dprobust.core.calibration import max_steps_within_budget
+from lightning_dprobust.core.smoothing import Smooth
+from lightning_dprobust.methods import TransDenoiser
+from tests.helpers import digits, quiet_trainer
+
+pytestmark = pytest.mark.filterwarnings("ignore:noise seed")
+TINY = {"width": 16, "depth": 3, "groups": 4}
+
+
+def public_classifier() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+
+
+def denoiser(**kwargs) -> TransDenoiser:
+    torch.manual_seed(0)
+    defaults = {"classifier": public_classifier(), "input_shape": (1, 8, 8), "denoiser_kwargs": TINY, "noise_seed": 3}
+    return TransDenoiser(**(defaults | kwargs))
+
+
+def checksum(module: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Recorder(Callback):
+    """Keeps each step's ``sigma_bar`` of the TransDenoiser callback."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        dp = next(c for c in trainer.callbacks if isinstance(c, TransDenoiserCallback))
+        self.steps.append(dict(dp.last_multipliers))
+
+
+def fit(tmp_path, module, mode: str | None, recorder: Callback | None = None, **trainer_kwargs):
+    callbacks = [] if mode is None else [TransDenoiserCallback(mode=mode, delta=1e-5, noise_seed=4)]
+    trainer = quiet_trainer(tmp_path, callbacks=callbacks + ([recorder] if recorder else []), **trainer_kwargs)
+    trainer.fit(module, digits(batch_size=64))
+    return trainer, (callbacks[0] if callbacks else None)
+
+
+def test_input_noise_is_fresh_gaussian_and_the_loss_is_the_denoising_mse():
+    module = denoiser(sigma=0.25)
+    x = torch.rand(256, 1, 8, 8)
+    _, z1 = module.training_inputs((x, torch.zeros(256, dtype=torch.long)))
+    _, z2 = module.training_inputs((x, torch.zeros(256, dtype=torch.long)))
+    assert not torch.equal(z1, z2)
+    assert float((z1 - x).std()) == pytest.approx(0.25, rel=0.05)
+    expected = (module.model(z1) - x).pow(2).flatten(1).sum(1)
+    torch.testing.assert_close(module.per_example_loss(x, z1), expected)
+
+
+def test_ramp_schedule_grows_to_sigma():
+    module = denoiser(sigma=0.1, sigma_schedule="ramp", sigma_start=0.02, ramp_rate=0.5)
+    assert module.current_sigma() == pytest.approx(0.02)
+    assert denoiser(sigma=0.1).current_sigma() == pytest.approx(0.1)
+
+
+def test_slices_are_disjoint_cover_the_denoiser_and_exclude_the_classifier():
+    module = denoiser()
+    slices = module.parameter_slices()
+    names = [name for key in ("first", "middle", "last") for name in slices[key]]
+    assert len(names) == len(set(names))
+    assert set(names) == {name for name, _ in module.named_parameters() if name.startswith("model.")}
+    optimizer = module.configure_optimizers()
+    groups = [{id(p) for p in group["params"]} for group in optimizer.param_groups]
+    assert [group["slice"] for group in optimizer.param_groups] == ["first", "middle", "last"]
+    assert all(not (a & b) for i, a in enumerate(groups) for b in groups[i + 1 :])
+    assert not any(p.requires_grad for p in module.classifier.parameters())
+
+
+def test_forward_is_classifier_of_denoised_input():
+    module = denoiser()
+    x = torch.rand(3, 1, 8, 8)
+    torch.testing.assert_close(module(x), module.classifier(module.model(x)))
+
+
+@pytest.mark.parametrize("mode", [None, "sepdp", "transdenoiser"])
+def test_frozen_classifier_checksum_unchanged_and_denoiser_trained(tmp_path, mode):
+    module = denoiser()
+    before_h, before_g = checksum(module.classifier), checksum(module.model)
+    fit(tmp_path, module, mode, max_steps=2)
+    assert checksum(module.classifier) == before_h
+    assert checksum(module.model) != before_g
+    assert not module.classifier.training
+
+
+def test_ledger_records_xi_up_and_training_stops_at_the_budget(tmp_path):
+    module = denoiser()
+    trainer, dp = fit(tmp_path, module, "sepdp", max_epochs=1000)
+    budget = max_steps_within_budget(1.0, 1e-5, 2.0, dp.loaders.sample_rate)
+    assert dp.ledger.steps == budget == trainer.global_step
+    assert [(e.noise_multiplier, e.steps) for e in dp.ledger.history] == [(2.0, budget)]
+    assert dp.epsilon() <= 1.0
+    dp.ledger.record(2.0, dp.loaders.sample_rate)
+    assert dp.epsilon() > 1.0
+    assert dp.planned_steps == budget
+
+
+def test_sepdp_noise_is_at_least_transdenoisers_at_every_step(tmp_path):
+    sep, trans = Recorder(), Recorder()
+    fit(tmp_path / "sep", denoiser(), "sepdp", sep, max_steps=3)
+    fit(tmp_path / "trans", denoiser(), "transdenoiser", trans, max_steps=3)
+    assert len(sep.steps) == len(trans.steps) == 3
+    for s, t in zip(sep.steps, trans.steps, strict=True):
+        assert s == {"first": 2.0, "middle": 2.0, "last": 2.0}
+        assert all(t[key] <= s[key] for key in s)
+        assert t["middle"] == 2.0  # not in transform_slices: always the full noise
+    assert any(t["last"] < 2.0 for t in trans.steps)  # the transformation did reduce the noise
+
+
+def _ready_callback(tmp_path, **kwargs) -> tuple[TransDenoiserCallback, TransDenoiser]:
+    module = denoiser()
+    dp = TransDenoiserCallback(delta=1e-5, noise_seed=4, **kwargs)
+    fit_trainer = quiet_trainer(tmp_path, callbacks=[dp], max_steps=1)
+    fit_trainer.fit(module, digits(batch_size=64))
+    return dp, module
+
+
+def test_negative_cases_get_xi_up(tmp_path):
+    dp, module = _ready_callback(tmp_path)
+    x = torch.rand(8, 1, 8, 8)
+    z = x + 0.25 * torch.randn_like(x)
+    losses = module.per_example_loss(x, z).detach()
+    norms = torch.ones(8)
+    assert dp.slice_multipliers((x, z), losses, norms)["last"] < 2.0
+    losses[5] = -1.0  # example 5 becomes a negative case (o < 0)
+    assert dp.slice_multipliers((x, z), losses, norms) == {"first": 2.0, "middle": 2.0, "last": 2.0}
+
+
+def test_rank_guard_falls_back_to_xi_up_with_a_warning(tmp_path):
+    dp, module = _ready_callback(tmp_path, transform_slices=("first", "last"))
+    x = torch.rand(1, 1, 8, 8)  # one example: rank <= 64 < 160 parameters of the first slice
+    z = x + 0.25 * torch.randn_like(x)
+    with pytest.warns(UserWarning, match="S_min"):
+        multipliers = dp.slice_multipliers((x, z), module.per_example_loss(x, z).detach(), torch.ones(1))
+    assert multipliers["first"] == 2.0
+
+
+def test_each_slice_gets_noise_of_its_own_std():
+    grads = {"a": torch.zeros(20000), "b": torch.zeros(100, 100)}
+    noisy = add_slice_noise(grads, {"s1": ["a"], "s2": ["b"]}, {"s1": 2.0, "s2": 0.5}, torch.Generator().manual_seed(0))
+    assert float(noisy["a"].std()) == pytest.approx(2.0, rel=0.03)
+    assert float(noisy["b"].std()) == pytest.approx(0.5, rel=0.03)
+
+
+def test_certify_smooths_classifier_of_denoiser():
+    module = denoiser().eval()
+    smooth = Smooth(module, num_classes=10, sigma=0.25)
+    result = smooth.certify(torch.rand(1, 8, 8), n0=10, n=100, alpha=0.001, batch_size=50)
+    assert result.prediction == -1 or 0 <= result.prediction < 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "fast"}, "mode"),
+        ({"xi_up": 1.0, "xi_low": 2.0}, "xi_low"),
+        ({"xi_up": -1.0}, "xi_up"),
+        ({"transform_slices": ("first", "bottom")}, "unknown slices"),
+    ],
+)
+def test_bad_callback_arguments_are_refused(tmp_path, kwargs, match):
+    with pytest.raises(MisconfigurationException, match=match):
+        dp = TransDenoiserCallback(delta=1e-5, **kwargs)
+        quiet_trainer(tmp_path, callbacks=[dp], max_steps=1).fit(denoiser(), digits(batch_size=64))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"sigma": 0.0}, "sigma"), ({"classifier": "no_such.entry"}, "zoo entry"), ({"sigma_schedule": "cosine"}, "ramp")],
+)
+def test_bad_module_arguments_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        denoiser(**kwargs)
+
+
+def test_callback_refuses_a_classifier_module(tmp_path):
+    from lightning_dprobust.methods import DPSGD
+
+    module = DPSGD(model="mlp_tanh", input_shape=(1, 8, 8))
+    with pytest.raises(MisconfigurationException, match="TransDenoiser"):
+        quiet_trainer(tmp_path, callbacks=[TransDenoiserCallback(delta=1e-5)], max_steps=1).fit(module, digits())
+
+
+def test_resume_refuses_another_mode():
+    dp = TransDenoiserCallback(mode="sepdp", delta=1e-5)
+    state = dp.state_dict()
+    with pytest.raises(MisconfigurationException, match="mode"):
+        TransDenoiserCallback(mode="transdenoiser", delta=1e-5).load_state_dict(state)
+    assert isinstance(dp, DPCallback) and math.isclose(dp.noise_multiplier, 2.0)
+
+
+def test_certify_command_takes_a_denoiser_checkpoint_in_front_of_a_classifier(tmp_path, capsys):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_dprobust.cli import main
+    from lightning_dprobust.cli.loading import load_classifier
+
+    module = denoiser(classifier="mlp_tanh.erm_digits")
+    saver = ModelCheckpoint(dirpath=tmp_path, filename="td")
+    quiet_trainer(tmp_path, max_steps=2, enable_checkpointing=True, callbacks=[saver]).fit(module, digits())
+    restored = load_classifier(str(tmp_path / "td.ckpt"))
+    assert isinstance(restored, TransDenoiser)
+    small = ["--n0", "10", "--n", "50", "--max-examples", "4", "--no-progress", "--no-wandb", "--device", "cpu"]
+    pair = ["--ckpt", "mlp_tanh.erm_digits", "--denoiser", str(tmp_path / "td.ckpt")]
+    assert main(["certify", *pair, *small, "--out", str(tmp_path / "pair")]) == 0
+    assert main(["certify", "--ckpt", str(tmp_path / "td.ckpt"), *small, "--out", str(tmp_path / "alone")]) == 0
+    pair_rows = (tmp_path / "pair" / "mlp_tanh.erm_digits" / "certify.csv").read_text().splitlines()[1:]
+    alone_rows = (tmp_path / "alone" / "td" / "certify.csv").read_text().splitlines()[1:]
+    without_time = [[row.rsplit(",", 1)[0] for row in rows] for rows in (pair_rows, alone_rows)]
+    assert without_time[0] == without_time[1]  # the same h(g(x)) with the same generator: the same certificates
+    assert main(["certify", "--ckpt", "mlp_tanh.erm_digits", "--denoiser", "mlp_tanh.erm_digits", *small]) == 2
+    assert "holds no denoiser" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dprobust_fit_of_the_digits_config_logs_to_wandb_and_prints_epsilon(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import read_wandb_history
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "transdenoiser" / "digits.yaml"
+    env = os.environ | {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_SERVICE", None)
+    command = [
+        str(Path(sys.executable).with_name("dprobust")),
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.max_epochs=1",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TransDenoiserCallback(transdenoiser): epsilon = " in result.stdout + result.stderr
+    (run_file,) = tmp_path.glob("runs/transdenoiser-digits/wandb/offline-run-*/run-*.wandb")
+    rows = read_wandb_history(run_file)
+    epsilons = [row["privacy/epsilon"] for row in rows if "privacy/epsilon" in row]
+    assert len(epsilons) == 1 and 0 < epsilons[0] <= 1.0
+    assert [row["val/acc"] for row in rows if "val/acc" in row] and any("val/mse" in row for row in rows)
+    assert list(tmp_path.glob("runs/transdenoiser-digits/**/last.ckpt"))

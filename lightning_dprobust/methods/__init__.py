@@ -4,5 +4,6 @@ from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.methods.dpadv import DPAdv
 from lightning_dprobust.methods.dpcert import DPCert
 from lightning_dprobust.methods.dpsgd import DPSGD
+from lightning_dprobust.methods.residual import ResidualPerturbation
 
-__all__ = ["DPSGD", "ClassifierModule", "DPAdv", "DPCert"]
+__all__ = ["DPSGD", "ClassifierModule", "DPAdv", "DPCert", "ResidualPerturbation"]

@@ -100,6 +100,9 @@ class PerturbedResidualNet(nn.Module):
                 f"{type(model).__name__} has no residual block to perturb: use a residual network such as "
                 "preact_resnet8 or timm/resnet18"
             )
+        if getattr(model, "_residual_noise_hooked", False):
+            raise ValueError(f"{type(model).__name__} is already perturbed: wrap a fresh network (noise would stack)")
+        model._residual_noise_hooked = True
         self.model = model
         self.strategy, self.gamma, self.input_noise, self.eta = strategy, float(gamma), float(input_noise), float(eta)
         self.noise_scale, self.noise_at_eval = noise_scale, noise_at_eval

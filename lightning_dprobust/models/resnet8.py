@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_dprobust.models.dp_compat import make_dp_compatible
 from lightning_dprobust.models.registry import register_model
 
 STAGE_WIDTHS = (16, 32, 64)
@@ -89,8 +90,12 @@ class PreActResNet8(nn.Module):
 
 
 @register_model("preact_resnet8")
-def preact_resnet8(*, num_classes: int, input_shape: tuple[int, int, int], skip: bool = True) -> PreActResNet8:
-    """Tao et al.'s pre-activation ResNet8 (see :class:`PreActResNet8`)."""
+def preact_resnet8(
+    *, num_classes: int, input_shape: tuple[int, int, int], skip: bool = True, dp_compatible: bool = False
+) -> nn.Module:
+    """Tao et al.'s pre-activation ResNet8 (see :class:`PreActResNet8`); ``dp_compatible=True`` swaps BatchNorm for
+    GroupNorm (:func:`make_dp_compatible`), the DP-SGD baseline's network."""
     if input_shape[0] < 1 or min(input_shape[1:]) < 1:
         raise ValueError(f"preact_resnet8 needs input_shape (C, H, W) with positive entries, got {input_shape}")
-    return PreActResNet8(num_classes, input_shape, skip)
+    net = PreActResNet8(num_classes, input_shape, skip)
+    return make_dp_compatible(net) if dp_compatible else net

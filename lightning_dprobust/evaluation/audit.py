@@ -38,7 +38,6 @@ from lightning_dprobust.methods.base import ClassifierModule
 _DATA_ATTRIBUTES = ("num_classes", "input_shape", "mean", "std")
 _EXPECTED_WARNINGS = ".*(does not have many workers|no `val_dataloader`|LeafSpec).*"
 """Lightning warnings that every audit fit would repeat: few loader workers, no validation loop."""
-_RECIPE_HPARAMS = ("model", "model_kwargs", "optimizer", "lr", "momentum", "weight_decay", "lr_schedule")
 
 
 @dataclass(frozen=True)
@@ -68,8 +67,13 @@ class Recipe:
 
     @classmethod
     def from_module(cls, module: ClassifierModule, batch_size: int = 256, max_epochs: int = 40) -> Recipe:
-        """The non-private recipe of a trained module: its class and architecture/optimizer hyperparameters."""
-        kwargs = {key: module.hparams[key] for key in _RECIPE_HPARAMS if key in module.hparams}
+        """The non-private recipe of a trained module: its class and every hyperparameter but the data's (the method's
+        own, such as residual perturbation's noise and ensemble size, included)."""
+        kwargs = {
+            key: value
+            for key, value in module.hparams.items()
+            if key not in _DATA_ATTRIBUTES and not key.startswith("_") and key != "pretrained"
+        }
         return cls(type(module), kwargs, batch_size, max_epochs)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from lightning_dprobust.cli import main as dprobust
 from lightning_dprobust.core.residual_privacy import theorem1_epsilon
+from lightning_dprobust.evaluation.audit import Recipe
 from lightning_dprobust.evaluation.loading import load_classifier
 from lightning_dprobust.methods import ResidualPerturbation
 from lightning_dprobust.methods.residual import NOMINAL_SOURCE
@@ -71,6 +72,8 @@ def test_cli_fit_checkpoint_reloads_and_resume_keeps_nominal_ledger(tmp_path):
     assert checkpoint["examples_seen"] == 3 * 128
     model = load_classifier(str(ckpt))
     assert isinstance(model, ResidualPerturbation) and len(model.model.members) == 2
+    shadow_recipe = Recipe.from_module(model).module_kwargs
+    assert (shadow_recipe["ensemble_size"], shadow_recipe["strategy"], shadow_recipe["gamma"]) == (2, "additive", 0.3)
     assert model.ledger.nominal[0].epsilon == first[1]
     assert dprobust([*args[:4], "2", *args[5:], "--ckpt_path", str(ckpt)]) == 0
     resumed = torch.load(next(run.rglob("last.ckpt")), weights_only=True)
@@ -114,3 +117,20 @@ def test_bad_arguments_refused_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as error:
         module(**kwargs)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_dprobust_audit_runs_on_an_ensemble_checkpoint_with_shadows_like_it(tmp_path):
+    run = tmp_path / "run"
+    fit = ["fit", "--config", str(ROOT / "configs/residual/digits.yaml"), "--trainer.max_epochs", "1",
+           "--trainer.logger", "false", "--trainer.default_root_dir", str(run), "--trainer.limit_train_batches", "2",
+           "--trainer.limit_val_batches", "0", "--model.init_args.ensemble_size", "2",
+           "--model.init_args.gamma", "0.6", "--trainer.enable_progress_bar", "false"]
+    assert dprobust(fit) == 0
+    ckpt = next(run.rglob("last.ckpt"))
+    recipe = Recipe.from_module(load_classifier(str(ckpt)))
+    assert recipe.module_kwargs["ensemble_size"] == 2 and recipe.module_kwargs["gamma"] == 0.6
+    args = ["audit", "--ckpt", str(ckpt), "--shadows", "1", "--attack", "loss", "--attack", "shadow", "--epochs", "1",
+            "--out", str(tmp_path / "audit"), "--no-wandb"]
+    assert dprobust(args) == 0
+    assert "shadow" in (tmp_path / "audit" / "audit.md").read_text()

@@ -12,7 +12,7 @@ from lightning_dprobust.core.accounting import PrivacyLedger
 from lightning_dprobust.core.residual_privacy import PAPER_BOUND, theorem1_epsilon
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.models import create_model
-from lightning_dprobust.models.residual_noise import Ensemble, NoiseScale, PerturbedResidualNet, Strategy
+from lightning_dprobust.models.residual_noise import NoiseScale, Strategy
 
 NOMINAL_SOURCE = "residual_perturbation.theorem1"
 """The ledger name of the Theorem 1 claim."""
@@ -52,6 +52,9 @@ class ResidualPerturbation(ClassifierModule):
         nominal_bound: ``G = R``, the bounds Theorem 1 assumes (30 in the paper).
         **kwargs: see :class:`~lightning_dprobust.methods.base.ClassifierModule`.
 
+    The network is the registry's ``residual_perturbation`` model (``NormalizedModel`` around the ensemble, each
+    member behind its own normalization), so zoo entries rebuild it with :func:`create_model`.
+
     Example:
         >>> import torch
         >>> module = ResidualPerturbation(gamma=0.3, ensemble_size=2, num_classes=10, input_shape=(1, 8, 8))
@@ -77,30 +80,31 @@ class ResidualPerturbation(ClassifierModule):
     ) -> None:
         if not isinstance(model, str):
             raise ValueError("ResidualPerturbation builds its own ensemble: pass a model name, e.g. 'preact_resnet8'")
-        if not (isinstance(ensemble_size, int) and ensemble_size >= 1):
-            raise ValueError(f"ensemble_size must be an int >= 1, got {ensemble_size!r}: set e.g. ensemble_size: 5")
         super().__init__(model=model, **kwargs)
         if input_noise is None:
             input_noise = gamma / 2 if strategy == "additive" else 0.0
-        noise = dict(strategy=strategy, gamma=gamma, input_noise=input_noise, eta=eta, noise_scale=noise_scale)
-        noise |= dict(noise_at_eval=noise_at_eval)
-        members = [self.model] + [self._build_member() for _ in range(ensemble_size - 1)]
-        seeds = [None if noise_seed is None else noise_seed + k for k in range(ensemble_size)]
-        self.model = Ensemble([PerturbedResidualNet(m, seed=s, **noise) for m, s in zip(members, seeds)], combine)
+        hp = self.hparams
+        self.model = create_model(
+            "residual_perturbation",
+            num_classes=self.num_classes,
+            input_shape=self.input_shape,
+            base=model,
+            base_kwargs=hp.model_kwargs,
+            member_mean=hp.mean,
+            member_std=hp.std,
+            ensemble_size=ensemble_size,
+            combine=combine,
+            noise_seed=noise_seed,
+            strategy=strategy,
+            gamma=gamma,
+            input_noise=input_noise,
+            eta=eta,
+            noise_scale=noise_scale,
+            noise_at_eval=noise_at_eval,
+        )
         self.input_noise = input_noise
         self.ledger = PrivacyLedger()
         self.examples_seen = 0
-
-    def _build_member(self) -> Any:
-        hp = self.hparams
-        return create_model(
-            hp.model,
-            num_classes=self.num_classes,
-            input_shape=self.input_shape,
-            mean=hp.mean,
-            std=hp.std,
-            **(hp.model_kwargs or {}),
-        )
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         """The ordinary cross-entropy step of the noisy ensemble; counts examples for the nominal epsilon."""

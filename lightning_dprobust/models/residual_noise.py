@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import secrets
 import warnings
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 from timm.models.resnet import BasicBlock, Bottleneck
 from torch import Tensor, nn
 
+from lightning_dprobust.models.registry import create_model, register_model
 from lightning_dprobust.models.resnet8 import PreActBlock
 
 Strategy = Literal["additive", "multiplicative"]
@@ -180,3 +182,34 @@ class Ensemble(nn.Module):
         if self.combine == "logits":
             return outputs.mean(dim=0)
         return torch.logsumexp(torch.log_softmax(outputs, dim=-1), dim=0) - torch.log(torch.tensor(len(outputs)))
+
+
+@register_model("residual_perturbation")
+def residual_perturbation(
+    *,
+    num_classes: int,
+    input_shape: tuple[int, int, int],
+    base: str = "preact_resnet8",
+    base_kwargs: dict[str, Any] | None = None,
+    member_mean: Sequence[float] | None = None,
+    member_std: Sequence[float] | None = None,
+    ensemble_size: int = 1,
+    combine: Literal["logits", "probabilities"] = "logits",
+    noise_seed: int | None = None,
+    **noise: Any,
+) -> Ensemble:
+    """``En_K`` of registry network ``base``: ``ensemble_size`` members, each built by :func:`create_model` (its own
+    initialization, behind its normalization ``member_mean``/``member_std``) and wrapped in
+    :class:`PerturbedResidualNet` with the ``noise`` settings (``strategy``, ``gamma``, ``input_noise``, ``eta``,
+    ``noise_scale``, ``noise_at_eval``); member ``k`` gets ``noise_seed + k`` when a seed is given.
+    """
+    if not (isinstance(ensemble_size, int) and ensemble_size >= 1):
+        raise ValueError(f"ensemble_size must be an int >= 1, got {ensemble_size!r}: set e.g. ensemble_size: 5")
+    members = []
+    for k in range(ensemble_size):
+        net = create_model(
+            base, num_classes=num_classes, input_shape=input_shape, mean=member_mean, std=member_std,
+            **(base_kwargs or {}),
+        )
+        members.append(PerturbedResidualNet(net, seed=None if noise_seed is None else noise_seed + k, **noise))
+    return Ensemble(members, combine)

@@ -45,15 +45,15 @@ def test_fit_learns_and_records_nominal_epsilon_apart(tmp_path, caplog):
 
 
 def test_default_input_noise_and_strategy_two_has_no_training_claim():
-    assert module(gamma=0.8).model.members[0].input_noise == 0.4
+    assert module(gamma=0.8).model.net.members[0].input_noise == 0.4
     strategy_two = module(strategy="multiplicative", gamma=2.0)
-    assert strategy_two.model.members[0].input_noise == 0.0
+    assert strategy_two.model.net.members[0].input_noise == 0.0
     assert strategy_two.nominal_epsilon(10.0) == math.inf
 
 
 def test_members_have_their_own_initialization_and_noise():
     rp = module(gamma=0.5, ensemble_size=3).eval()
-    weights = [m.model.net.conv.weight for m in rp.model.members]
+    weights = [m.model.net.conv.weight for m in rp.model.net.members]
     assert not torch.equal(weights[0], weights[1]) and not torch.equal(weights[1], weights[2])
     x = torch.rand(2, 1, 8, 8)
     assert not torch.equal(rp(x), rp(x))
@@ -71,7 +71,7 @@ def test_cli_fit_checkpoint_reloads_and_resume_keeps_nominal_ledger(tmp_path):
     first = checkpoint["privacy_ledger"]["nominal"][0]
     assert checkpoint["examples_seen"] == 3 * 128
     model = load_classifier(str(ckpt))
-    assert isinstance(model, ResidualPerturbation) and len(model.model.members) == 2
+    assert isinstance(model, ResidualPerturbation) and len(model.model.net.members) == 2
     shadow_recipe = Recipe.from_module(model).module_kwargs
     assert (shadow_recipe["ensemble_size"], shadow_recipe["strategy"], shadow_recipe["gamma"]) == (2, "additive", 0.3)
     assert model.ledger.nominal[0].epsilon == first[1]

@@ -74,7 +74,7 @@ def _run(row: Row, seed: int, epochs: int, shadows: int) -> dict:
     train_acc, test_acc = _accuracy(model, datamodule.train_set), _accuracy(model, datamodule.test_set)
     result = dict(seed=seed, train_acc=train_acc, test_acc=test_acc, gap=train_acc - test_acc, epoch_s=seconds)
     result |= {f"auc_{name}": metrics.auc for name, metrics in report.metrics.items()}
-    result["epsilon"] = trained.epsilon if row.dp else getattr(model, "ledger").nominal[0].epsilon
+    result["epsilon"] = trained.epsilon if row.dp else model.ledger.nominal[0].epsilon
     return result
 
 

@@ -214,6 +214,16 @@ def bad_test_labels(raw: Path) -> None:
     write_idx(raw / "t10k-labels-idx1-ubyte", np.full(10, 12, np.uint8))
 
 
+def residual(**values) -> Edit:
+    """The digits recipe with ResidualPerturbation (no DPCallback) and ``values`` as its arguments."""
+
+    def edit(config: dict, folder: Path) -> None:
+        config["trainer"]["callbacks"] = []
+        config["model"] = {"class_path": "lightning_dprobust.methods.ResidualPerturbation", "init_args": values}
+
+    return edit
+
+
 def unknown_method(config: dict, folder: Path) -> None:
     config["model"]["class_path"] = "lightning_dprobust.methods.NoSuchMethod"
 
@@ -243,6 +253,10 @@ CATALOGUE = [
     Bad("lightning-gradient-clipping", fit(None, "--trainer.gradient_clip_val", "1.0"), r"gradient_clip_val=1.0\)"),
     # model and method
     Bad("unknown-architecture", fit(section("model", model="no_such_net")), r"unknown model 'no_such_net'.*list_mod"),
+    Bad("residual-negative-gamma", fit(residual(gamma=-0.5)), r"gamma must be a finite number >= 0, got -0.5"),
+    Bad("residual-zero-ensemble", fit(residual(ensemble_size=0)), r"ensemble_size must be an int >= 1, got 0"),
+    Bad("residual-not-residual", fit(residual(model="cnn_tanh")), r"CNNTanh has no residual block to perturb"),
+    Bad("residual-unknown-strategy", fit(residual(strategy="both")), r"Expected a typing.Literal\['additive'", True),
     Bad("non-positive-lr", fit(section("model", lr=0.0)), r"lr must be positive, got 0.0: set --model.lr"),
     Bad("zero-batch-size", fit(section("data", batch_size=0)), r"batch_size and eval_batch_size must be >= 1"),
     Bad("unknown-method", fit(unknown_method), r"has no attribute 'NoSuchMethod'", usage=True),

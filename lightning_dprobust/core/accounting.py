@@ -313,8 +313,9 @@ class PrivacyLedger:
 
     Consecutive events with the same ``(noise_multiplier, sample_rate)`` are merged and events without steps are
     dropped, so the history stays short over a long run. Nominal claims (:class:`NominalEvent`, via
-    :meth:`record_nominal`) are kept apart and never enter :meth:`epsilon`. ``state_dict`` holds plain lists, floats and ints only
-    (loadable with ``torch.load(weights_only=True)``); a ledger restored from it reports the same epsilon.
+    :meth:`record_nominal`) are kept apart and never enter :meth:`epsilon`. ``state_dict`` holds plain lists, strings,
+    floats and ints only (loadable with ``torch.load(weights_only=True)``); a ledger restored from it reports the same
+    epsilon and the same nominal claims.
     """
 
     def __init__(self, history: Iterable[PrivacyEvent | Sequence[Any]] = ()) -> None:

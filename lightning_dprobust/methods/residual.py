@@ -16,7 +16,9 @@ from lightning_dprobust.models.residual_noise import NoiseScale, Strategy
 
 NOMINAL_SOURCE = "residual_perturbation.theorem1"
 """The ledger name of the Theorem 1 claim."""
-NOMINAL_WARNING = "nominal, from a heuristic proof: NOT a differential-privacy guarantee; audit it with `dprobust audit`"
+NOMINAL_WARNING = (
+    "nominal, from a heuristic proof: NOT a differential-privacy guarantee; audit it with `dprobust audit`"
+)
 
 
 class ResidualPerturbation(ClassifierModule):
@@ -128,8 +130,10 @@ class ResidualPerturbation(ClassifierModule):
     def on_fit_end(self) -> None:
         """Print the nominal epsilon with its warning."""
         for claim in self.ledger.nominal:
-            rank_zero_info(f"{type(self).__name__}: epsilon = {claim.epsilon:.4g} at delta = {claim.delta:g} "
-                           f"({claim.source}; {NOMINAL_WARNING})")
+            rank_zero_info(
+                f"{type(self).__name__}: epsilon = {claim.epsilon:.4g} at delta = {claim.delta:g} "
+                f"({claim.source}; {NOMINAL_WARNING})"
+            )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also store the ledger and the example count, so a resumed run reports the same nominal epsilon."""

@@ -99,7 +99,8 @@ class PerturbedResidualNet(nn.Module):
         blocks = residual_blocks(model)
         if not blocks:
             raise ValueError(
-                f"{type(model).__name__} has no residual block to perturb: use a residual network such as "
+                f"{type(getattr(model, 'net', model)).__name__} has no residual block to perturb: use a residual "
+                "network such as "
                 "preact_resnet8 or timm/resnet18"
             )
         if getattr(model, "_residual_noise_hooked", False):
@@ -208,7 +209,11 @@ def residual_perturbation(
     members = []
     for k in range(ensemble_size):
         net = create_model(
-            base, num_classes=num_classes, input_shape=input_shape, mean=member_mean, std=member_std,
+            base,
+            num_classes=num_classes,
+            input_shape=input_shape,
+            mean=member_mean,
+            std=member_std,
             **(base_kwargs or {}),
         )
         members.append(PerturbedResidualNet(net, seed=None if noise_seed is None else noise_seed + k, **noise))

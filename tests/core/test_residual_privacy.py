@@ -27,7 +27,7 @@ def test_theorem1_matches_check_values(gamma, expected):
 
 def test_theorem1_decreases_with_gamma_and_input_condition_binds_fourfold():
     values = [theorem1_epsilon(g, 100, 1e-5) for g in (0.1, 0.3, 0.75, 1.0, 2.0)]
-    assert all(a > b for a, b in zip(values, values[1:]))
+    assert all(a > b for a, b in zip(values, values[1:], strict=False))
     gamma_only = 2 * 30**2 * 100 / 0.75**2
     both = theorem1_epsilon(0.75, 100, 1e-5, input_noise=0.375, bound_r=30)
     assert both == pytest.approx(4 * gamma_only + 2 * math.sqrt(4 * gamma_only * math.log(1e5)), rel=1e-9)
@@ -57,7 +57,7 @@ def test_theorem2_floors_formula_and_monotone():
     assert gamma_min == pytest.approx(b / eta * math.sqrt(2 * alpha * m / (lam * eps)))
     assert pi_min == pytest.approx(a * math.sqrt(2 * alpha * m / (lam * eps)))
     floors = [theorem2_noise_floors(e, delta, lam, m, b, eta, a) for e in (0.5, 1, 2, 8, 32)]
-    assert all(x[0] > y[0] and x[1] > y[1] for x, y in zip(floors, floors[1:]))
+    assert all(x[0] > y[0] and x[1] > y[1] for x, y in zip(floors, floors[1:], strict=False))
 
 
 def test_theorem2_epsilon_needs_floor_and_output_noise():

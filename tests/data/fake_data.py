@@ -77,8 +77,12 @@ def write_cifar100(root: Path, n_train: int = 20, n_test: int = 8) -> dict[str, 
     for name, count in (("train", n_train), ("test", n_test)):
         fine = [(7 * i + 3) % 100 for i in range(count)]
         data = rng.integers(0, 256, (count, 3072), dtype=np.uint8)
-        batch = {"filenames": [f"{i}.png" for i in range(count)], "fine_labels": fine,
-                 "coarse_labels": [label // 5 for label in fine], "data": data}
+        batch = {
+            "filenames": [f"{i}.png" for i in range(count)],
+            "fine_labels": fine,
+            "coarse_labels": [label // 5 for label in fine],
+            "data": data,
+        }
         paths[name] = folder / name
         paths[name].write_bytes(pickle.dumps(batch, protocol=2))
     meta = {"fine_label_names": [f"fine{i}" for i in range(100)], "coarse_label_names": [f"c{i}" for i in range(20)]}

@@ -20,7 +20,9 @@ from tests.helpers import quiet_trainer
 def main(out_dir: Path, devices: int, batch_size: int) -> None:
     L.seed_everything(0)
     torch.set_num_threads(1)
-    trainer = quiet_trainer(out_dir, devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=1, limit_train_batches=4)
+    trainer = quiet_trainer(
+        out_dir, devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=1, limit_train_batches=4
+    )
     module = ResidualPerturbation(gamma=0.5, num_classes=10, input_shape=(1, 8, 8))
     initial = torch.cat([p.detach().flatten() for p in module.parameters()])
     trainer.fit(module, DigitsDataModule(batch_size=batch_size))

@@ -61,10 +61,25 @@ def test_members_have_their_own_initialization_and_noise():
 
 def test_cli_fit_checkpoint_reloads_and_resume_keeps_nominal_ledger(tmp_path):
     run = tmp_path / "run"
-    args = ["fit", "--config", str(ROOT / "configs/residual/digits.yaml"), "--trainer.max_epochs", "1",
-            "--trainer.logger", "false", "--trainer.default_root_dir", str(run), "--trainer.limit_train_batches", "3",
-            "--trainer.limit_val_batches", "1", "--model.init_args.ensemble_size", "2",
-            "--trainer.enable_progress_bar", "false"]
+    args = [
+        "fit",
+        "--config",
+        str(ROOT / "configs/residual/digits.yaml"),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.logger",
+        "false",
+        "--trainer.default_root_dir",
+        str(run),
+        "--trainer.limit_train_batches",
+        "3",
+        "--trainer.limit_val_batches",
+        "1",
+        "--model.init_args.ensemble_size",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     assert dprobust(args) == 0
     ckpt = next(run.rglob("last.ckpt"))
     checkpoint = torch.load(ckpt, weights_only=True)
@@ -84,8 +99,13 @@ def _launch(out_dir: Path, devices: int, batch_size: int) -> list[dict]:
     out_dir.mkdir()
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     script = Path(__file__).with_name("residual_ddp_run.py")
-    result = subprocess.run([sys.executable, str(script), str(out_dir), str(devices), str(batch_size)], env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(script), str(out_dir), str(devices), str(batch_size)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]
 
@@ -109,7 +129,7 @@ def test_two_gloo_ranks_stay_identical_with_their_own_noise(tmp_path):
         ({"ensemble_size": 0}, "ensemble_size"),
         ({"gamma": -0.1}, "gamma"),
         ({"strategy": "both"}, "strategy"),
-        ({"model": "cnn_tanh"}, "no residual block"),
+        ({"model": "cnn_tanh"}, "CNNTanh has no residual block"),
         ({"combine": "vote"}, "combine"),
     ],
 )
@@ -122,15 +142,46 @@ def test_bad_arguments_refused_in_one_line(kwargs, message):
 @pytest.mark.slow
 def test_dprobust_audit_runs_on_an_ensemble_checkpoint_with_shadows_like_it(tmp_path):
     run = tmp_path / "run"
-    fit = ["fit", "--config", str(ROOT / "configs/residual/digits.yaml"), "--trainer.max_epochs", "1",
-           "--trainer.logger", "false", "--trainer.default_root_dir", str(run), "--trainer.limit_train_batches", "2",
-           "--trainer.limit_val_batches", "0", "--model.init_args.ensemble_size", "2",
-           "--model.init_args.gamma", "0.6", "--trainer.enable_progress_bar", "false"]
+    fit = [
+        "fit",
+        "--config",
+        str(ROOT / "configs/residual/digits.yaml"),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.logger",
+        "false",
+        "--trainer.default_root_dir",
+        str(run),
+        "--trainer.limit_train_batches",
+        "2",
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.init_args.ensemble_size",
+        "2",
+        "--model.init_args.gamma",
+        "0.6",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     assert dprobust(fit) == 0
     ckpt = next(run.rglob("last.ckpt"))
     recipe = Recipe.from_module(load_classifier(str(ckpt)))
     assert recipe.module_kwargs["ensemble_size"] == 2 and recipe.module_kwargs["gamma"] == 0.6
-    args = ["audit", "--ckpt", str(ckpt), "--shadows", "1", "--attack", "loss", "--attack", "shadow", "--epochs", "1",
-            "--out", str(tmp_path / "audit"), "--no-wandb"]
+    args = [
+        "audit",
+        "--ckpt",
+        str(ckpt),
+        "--shadows",
+        "1",
+        "--attack",
+        "loss",
+        "--attack",
+        "shadow",
+        "--epochs",
+        "1",
+        "--out",
+        str(tmp_path / "audit"),
+        "--no-wandb",
+    ]
     assert dprobust(args) == 0
     assert "shadow" in (tmp_path / "audit" / "audit.md").read_text()

@@ -113,10 +113,12 @@ def test_timm_resnet_is_perturbed_without_copy():
 
 def test_ensemble_mean_of_member_logits_and_distinct_init():
     x = torch.rand(3, 3, 8, 8)
-    members = [wrap(create_model("preact_resnet8", num_classes=10, input_shape=(3, 8, 8)), seed=k, gamma=0.3).eval()
-               for k in range(4)]
+    members = [
+        wrap(create_model("preact_resnet8", num_classes=10, input_shape=(3, 8, 8)), seed=k, gamma=0.3).eval()
+        for k in range(4)
+    ]
     twins = [wrap(resnet8(), seed=k, gamma=0.3).eval() for k in range(4)]
-    for member, twin in zip(members, twins):
+    for member, twin in zip(members, twins, strict=False):
         twin.model.load_state_dict(member.model.state_dict())
     expected = torch.stack([t(x) for t in twins]).mean(0)
     assert torch.allclose(Ensemble(members)(x), expected, atol=1e-6)

@@ -185,3 +185,49 @@ def test_dprobust_audit_runs_on_an_ensemble_checkpoint_with_shadows_like_it(tmp_
     ]
     assert dprobust(args) == 0
     assert "shadow" in (tmp_path / "audit" / "audit.md").read_text()
+
+
+@pytest.mark.slow
+def test_cli_fit_logs_the_nominal_epsilon_to_wandb(tmp_path):
+    from tests.helpers import read_wandb_history
+    from tests.test_cli import dprobust as run_dprobust
+
+    result = run_dprobust(
+        "fit",
+        "--config",
+        str(ROOT / "configs/residual/digits.yaml"),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "2",
+        "--model.init_args.ensemble_size",
+        "1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "NOT a differential-privacy guarantee" in result.stderr + result.stdout
+    [run_file] = tmp_path.glob("runs/residual-digits/wandb/offline-run-*/run-*.wandb")
+    logged = [
+        row["privacy/nominal_epsilon"] for row in read_wandb_history(run_file) if "privacy/nominal_epsilon" in row
+    ]
+    expected = theorem1_epsilon(0.3, 2 * 128 / 1293, 1e-5, 30.0, input_noise=0.15, bound_r=30.0)
+    assert logged == [pytest.approx(expected, rel=1e-6)]
+    assert not any("privacy/epsilon" in row for row in read_wandb_history(run_file))
+
+
+@pytest.mark.parametrize("name", ["residual_perturbation.rp1_en5_digits", "residual_perturbation.rp2_en1_digits"])
+def test_shipped_zoo_entries_load_noisy_and_accurate(name):
+    from lightning_dprobust import zoo
+    from lightning_dprobust.data import DigitsDataModule
+    from lightning_dprobust.evaluation.membership import model_outputs
+
+    entry = zoo.info(name)
+    model = zoo.load(name)
+    assert len(model.net.members) == entry.model["kwargs"]["ensemble_size"]
+    assert entry.meta["privacy"] is None and "nominal" in entry.meta["notes"]
+    datamodule = DigitsDataModule(seed=0)
+    datamodule.setup("test")
+    logits, labels = model_outputs(model, datamodule.test_set)
+    again, _ = model_outputs(model, datamodule.test_set)
+    assert not torch.equal(logits, again)
+    assert (logits.argmax(1) == labels).float().mean() > entry.meta["metrics"]["test_acc"] - 0.05

@@ -9,7 +9,9 @@ middle gamma of each, and DP-SGD at epsilon 3 and 8 on the same ResNet8 with Gro
 clipped per example). Wall-clock per epoch is timed on the seed-0 targets, in this one run.
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/residual_membership.py [--seeds 0 1 2] [--epochs 20] [--shadows 2]
-[--out FILE]``. Prints a markdown table (mean +- std over seeds) and writes it, with the raw rows, to ``--out``.
+[--out FILE]``. Prints one JSON line per row and seed, then a markdown table (mean +- std over seeds), and writes it
+with the raw rows to ``--out``. ``--collect LOG [LOG ...]`` builds the table from the JSON lines of earlier runs
+(e.g. seeds run in parallel processes) instead of training.
 """
 
 from __future__ import annotations
@@ -101,16 +103,31 @@ def _timing(rows: list[Row]) -> str:
     return markdown_table(["model (seed 0)", "s / epoch", "x plain ResNet8", "x DP-SGD"], lines)
 
 
+def _collect(rows: list[Row], logs: list[str]) -> None:
+    """Fill ``rows`` from the JSON lines that earlier runs printed, ordered by seed."""
+    by_name = {row.name: row for row in rows}
+    for log in logs:
+        for line in open(log):  # noqa: SIM115
+            if line.startswith('{"row"'):
+                record = json.loads(line)
+                by_name[record.pop("row")].results.append(record)
+    for row in rows:
+        row.results.sort(key=lambda result: result["seed"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--shadows", type=int, default=2)
     parser.add_argument("--out", default="runs/residual_membership.md")
+    parser.add_argument("--collect", nargs="+", metavar="LOG", help="tabulate the JSON lines of earlier runs")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = _rows()
-    for seed in args.seeds:
+    if args.collect:
+        _collect(rows, args.collect)
+    for seed in [] if args.collect else args.seeds:
         for row in rows:
             row.results.append(_run(row, seed, args.epochs, args.shadows))
             print(json.dumps({"row": row.name} | row.results[-1]), flush=True)

@@ -104,13 +104,15 @@ def _timing(rows: list[Row]) -> str:
 
 
 def _collect(rows: list[Row], logs: list[str]) -> None:
-    """Fill ``rows`` from the JSON lines that earlier runs printed, ordered by seed."""
+    """Fill ``rows`` from the JSON lines that earlier runs printed (the first of any repeated row and seed), by seed."""
     by_name = {row.name: row for row in rows}
     for log in logs:
         for line in open(log):  # noqa: SIM115
             if line.startswith('{"row"'):
                 record = json.loads(line)
-                by_name[record.pop("row")].results.append(record)
+                row = by_name[record.pop("row")]
+                if record["seed"] not in {result["seed"] for result in row.results}:
+                    row.results.append(record)
     for row in rows:
         row.results.sort(key=lambda result: result["seed"])
 

@@ -226,14 +226,16 @@ class Recipe:
 
     @classmethod
     def from_module(cls, module: ClassifierModule, datamodule: ImageDataModule, batch_size: int, max_epochs: int):
-        """The non-private recipe of a trained module: its class and architecture/optimizer hyperparameters."""
-        names = ("model", "model_kwargs", "optimizer", "lr", "momentum", "weight_decay", "lr_schedule")
+        """The non-private recipe of a trained module: its class and every hyperparameter but the data's (the method's
+        own, such as residual perturbation's noise and ensemble size, included)."""
+        data_attributes = ("num_classes", "input_shape", "mean", "std", "pretrained")
         return cls(
             {
                 "seed_everything": 0,
                 "trainer": {"max_epochs": int(max_epochs)},
-                "model": {"class_path": _class_path(module), "init_args": {k: module.hparams[k] for k in names
-                                                                           if k in module.hparams}},
+                "model": {"class_path": _class_path(module), "init_args": {k: v for k, v in module.hparams.items()
+                                                                           if k not in data_attributes
+                                                                           and not k.startswith("_")}},
                 "data": {"class_path": _class_path(datamodule), "init_args": {"batch_size": int(batch_size)}},
             },
             f"the hyperparameters of {type(module).__name__}",

@@ -299,6 +299,16 @@ def more_steps(config: dict, folder: Path) -> None:
     config["trainer"]["max_steps"] = 8  # past the finished run's checkpoint, so that training resumes
 
 
+def residual(**values) -> Edit:
+    """The digits recipe with ResidualPerturbation (no DPCallback) and ``values`` as its arguments."""
+
+    def edit(config: dict, folder: Path) -> None:
+        config["trainer"]["callbacks"] = []
+        config["model"] = {"class_path": "lightning_dprobust.methods.ResidualPerturbation", "init_args": values}
+
+    return edit
+
+
 def unknown_method(config: dict, folder: Path) -> None:
     config["model"]["class_path"] = "lightning_dprobust.methods.NoSuchMethod"
 
@@ -339,6 +349,10 @@ CATALOGUE = [
         r"only 5 examples, so the default delta .* > 0.001"),
     # model and method
     Bad("unknown-architecture", fit(section("model", model="no_such_net")), r"unknown model 'no_such_net'.*list_mod"),
+    Bad("residual-negative-gamma", fit(residual(gamma=-0.5)), r"gamma must be a finite number >= 0, got -0.5"),
+    Bad("residual-zero-ensemble", fit(residual(ensemble_size=0)), r"ensemble_size must be an int >= 1, got 0"),
+    Bad("residual-not-residual", fit(residual(model="cnn_tanh")), r"CNNTanh has no residual block to perturb"),
+    Bad("residual-unknown-strategy", fit(residual(strategy="both")), r"Expected a typing.Literal\['additive'", True),
     Bad("non-positive-lr", fit(section("model", lr=0.0)), r"lr must be positive, got 0.0: set --model.lr"),
     Bad("zero-batch-size", fit(section("data", batch_size=0)), r"batch_size and eval_batch_size must be >= 1"),
     Bad("unknown-method", fit(unknown_method), r"has no attribute 'NoSuchMethod'", usage=True),

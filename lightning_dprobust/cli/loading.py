@@ -52,6 +52,7 @@ def _from_checkpoint(path: Path, map_location) -> nn.Module:
     hyper_parameters = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
     module = cls(**hyper_parameters)  # LightningCLI adds "_class_path" and "_instantiator" to the hyper-parameters
     check_state_dict_fits(module, checkpoint["state_dict"], str(path))
+    module.on_load_checkpoint(checkpoint)  # as LightningModule.load_from_checkpoint: restores e.g. privacy ledgers
     module.load_state_dict(checkpoint["state_dict"])
     return module
 

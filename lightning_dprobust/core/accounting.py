@@ -76,6 +76,28 @@ class PrivacyEvent:
         object.__setattr__(self, "steps", int(self.steps))
 
 
+@dataclass(frozen=True)
+class NominalEvent:
+    """A privacy claim from a heuristic proof (``source`` names it): recorded and reported, never composed.
+
+    A nominal epsilon rests on assumptions the mechanism does not enforce (e.g. residual perturbation's Theorem 1),
+    so the ledger keeps it apart: :meth:`PrivacyLedger.epsilon` never includes it, and it is always reported as
+    nominal. A claim covers the whole run so far, so a newer claim from the same ``source`` replaces the older.
+    """
+
+    source: str
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"source={self.source!r} must be a non-empty name of the heuristic claim")
+        if not float(self.epsilon) >= 0:
+            raise ValueError(f"epsilon={self.epsilon!r} must be a number >= 0 (inf allowed)")
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "delta", _check_delta(self.delta))
+
+
 def _is_count(value: Any, minimum: int) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= minimum
 
@@ -352,12 +374,15 @@ class PrivacyLedger:
     """Composes privacy events: a history of ``(noise_multiplier, sample_rate, steps)``.
 
     Consecutive events with the same ``(noise_multiplier, sample_rate)`` are merged and events without steps are
-    dropped, so the history stays short over a long run. ``state_dict`` holds plain lists, floats and ints only
-    (loadable with ``torch.load(weights_only=True)``); a ledger restored from it reports the same epsilon.
+    dropped, so the history stays short over a long run. Nominal claims (:class:`NominalEvent`, via
+    :meth:`record_nominal`) are kept apart and never enter :meth:`epsilon`. ``state_dict`` holds plain lists, strings,
+    floats and ints only (loadable with ``torch.load(weights_only=True)``); a ledger restored from it reports the same
+    epsilon and the same nominal claims.
     """
 
     def __init__(self, history: Iterable[PrivacyEvent | Sequence[Any]] = ()) -> None:
         self._events: list[PrivacyEvent] = []
+        self._nominal: dict[str, NominalEvent] = {}
         for item in history:
             event = _as_event(item)
             self.record(event.noise_multiplier, event.sample_rate, event.steps)
@@ -373,6 +398,16 @@ class PrivacyLedger:
         else:
             self._events.append(event)
 
+    def record_nominal(self, source: str, epsilon: float, delta: float) -> None:
+        """Records (or updates) the nominal claim of ``source``; it is never part of :meth:`epsilon`."""
+        event = NominalEvent(source, epsilon, delta)
+        self._nominal[event.source] = event
+
+    @property
+    def nominal(self) -> tuple[NominalEvent, ...]:
+        """The nominal claims, one per source: reported as nominal, never as a DP guarantee."""
+        return tuple(self._nominal.values())
+
     @property
     def history(self) -> tuple[PrivacyEvent, ...]:
         """The merged events, oldest first."""
@@ -387,15 +422,25 @@ class PrivacyLedger:
         """Epsilon spent so far at ``delta`` (0.0 for an empty ledger); see :func:`epsilon_for`."""
         return epsilon_for(self._events, delta, accountant)
 
-    def state_dict(self) -> dict[str, list[list[float | int]]]:
-        """The history as ``{"history": [[noise_multiplier, sample_rate, steps], ...]}``."""
-        return {"history": [[e.noise_multiplier, e.sample_rate, e.steps] for e in self._events]}
+    def state_dict(self) -> dict[str, list[list[Any]]]:
+        """``{"history": [[noise_multiplier, sample_rate, steps], ...]}``, plus ``"nominal": [[source, epsilon,
+        delta], ...]`` when a nominal claim was recorded."""
+        state: dict[str, list[list[Any]]] = {
+            "history": [[e.noise_multiplier, e.sample_rate, e.steps] for e in self._events]
+        }
+        if self._nominal:
+            state["nominal"] = [[e.source, e.epsilon, e.delta] for e in self._nominal.values()]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replaces the history with the one in ``state``; the ledger is unchanged if ``state`` is invalid."""
         if not isinstance(state, dict) or "history" not in state:
             raise ValueError(f"a PrivacyLedger state must be a dict with a 'history' key, got {state!r}")
-        self._events = PrivacyLedger(state["history"])._events
+        restored = PrivacyLedger(state["history"])
+        for item in state.get("nominal", []):
+            restored.record_nominal(*item)
+        self._events, self._nominal = restored._events, restored._nominal
 
     def __repr__(self) -> str:
-        return f"PrivacyLedger(history={list(self._events)!r})"
+        nominal = f", nominal={list(self._nominal.values())!r}" if self._nominal else ""
+        return f"PrivacyLedger(history={list(self._events)!r}{nominal})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lightning_dprobust.data.base import DatasetNotFoundError, ImageDataModule, resolve_data_dir
 from lightning_dprobust.data.celeba import CelebADataModule
 from lightning_dprobust.data.cifar10 import CIFAR10DataModule
+from lightning_dprobust.data.cifar100 import CIFAR100DataModule
 from lightning_dprobust.data.digits import DigitsDataModule
 from lightning_dprobust.data.idc import IDCDataModule
 from lightning_dprobust.data.mnist import FashionMNISTDataModule, MNISTDataModule
@@ -17,6 +18,7 @@ DATAMODULES: dict[str, type[ImageDataModule]] = {
     "mnist": MNISTDataModule,
     "fashion_mnist": FashionMNISTDataModule,
     "cifar10": CIFAR10DataModule,
+    "cifar100": CIFAR100DataModule,
     "tiny_imagenet": TinyImageNetDataModule,
     "celeba": CelebADataModule,
     "idc": IDCDataModule,
@@ -24,6 +26,7 @@ DATAMODULES: dict[str, type[ImageDataModule]] = {
 
 __all__ = [
     "DATAMODULES",
+    "CIFAR100DataModule",
     "CIFAR10DataModule",
     "CelebADataModule",
     "DatasetNotFoundError",

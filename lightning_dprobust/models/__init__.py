@@ -13,17 +13,24 @@ from lightning_dprobust.models.dncnn import DnCNN
 from lightning_dprobust.models.dp_compat import dp_incompatibilities, make_dp_compatible
 from lightning_dprobust.models.normalize import Normalize, NormalizedModel
 from lightning_dprobust.models.registry import create_model, list_models, register_model
+from lightning_dprobust.models.residual_noise import Ensemble, PerturbedResidualNet, residual_blocks
+from lightning_dprobust.models.resnet8 import PreActBlock, PreActResNet8
 
 __all__ = [
     "CNNTanh",
     "DenoisedClassifier",
     "DnCNN",
+    "Ensemble",
     "MLPTanh",
     "Normalize",
     "NormalizedModel",
+    "PerturbedResidualNet",
+    "PreActBlock",
+    "PreActResNet8",
     "create_model",
     "dp_incompatibilities",
     "list_models",
     "make_dp_compatible",
     "register_model",
+    "residual_blocks",
 ]

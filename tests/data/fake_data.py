@@ -68,6 +68,29 @@ def write_cifar(root: Path, per_batch: int = 4) -> dict[str, Path]:
     return paths
 
 
+def write_cifar100(root: Path, n_train: int = 20, n_test: int = 8) -> dict[str, Path]:
+    """``train``, ``test`` and ``meta`` pickles of CIFAR-100 (fine and coarse labels) with random 32x32 images."""
+    rng = np.random.default_rng(1)
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    paths = {}
+    for name, count in (("train", n_train), ("test", n_test)):
+        fine = [(7 * i + 3) % 100 for i in range(count)]
+        data = rng.integers(0, 256, (count, 3072), dtype=np.uint8)
+        batch = {
+            "filenames": [f"{i}.png" for i in range(count)],
+            "fine_labels": fine,
+            "coarse_labels": [label // 5 for label in fine],
+            "data": data,
+        }
+        paths[name] = folder / name
+        paths[name].write_bytes(pickle.dumps(batch, protocol=2))
+    meta = {"fine_label_names": [f"fine{i}" for i in range(100)], "coarse_label_names": [f"c{i}" for i in range(20)]}
+    paths["meta"] = folder / "meta"
+    paths["meta"].write_bytes(pickle.dumps(meta, protocol=2))
+    return paths
+
+
 def write_image(path: Path, array: np.ndarray) -> None:
     """Save an ``(H, W, 3)`` or ``(H, W)`` uint8 array; the format follows the suffix (JPEG or PNG)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,11 @@ DENOISERS = {"dncnn_gn"}
 #   1x28x28: Papernot et al. 2020 / DP-CERT / DP-Adv specs: 1,040 + 8,224 + 16,416 + 330 = 26,010.
 #   3x32x32: conv1 3*16*64+16 = 3,088; conv2 8,224; map 32x5x5 -> fc1 800*32+32 = 25,632; fc2 330.
 #   1x8x8 (3x3 convs): 1*16*9+16 = 160; 16*32*9+32 = 4,640; map 32x6x6 -> fc1 1152*32+32 = 36,896; fc2 330.
+WITH_BATCHNORM = {
+    "preact_resnet8": {"dp_compatible": True},
+    "residual_perturbation": {"base_kwargs": {"dp_compatible": True}},
+}
+"""Models built with BatchNorm (residual perturbation's ResNet8), and the arguments of their DP-compatible variant."""
 CNN_PARAMS = {(1, 28, 28): 26_010, (3, 32, 32): 37_274, (1, 8, 8): 42_026}
 
 
@@ -25,6 +30,9 @@ def test_every_registered_model_builds_and_runs(name: str, shape: tuple[int, int
     logits = model(torch.rand(3, *shape))
     assert logits.shape == ((3, *shape) if name in DENOISERS else (3, 7))  # a denoiser maps images to images
     assert torch.isfinite(logits).all()
+    if name in WITH_BATCHNORM:
+        assert dp_incompatibilities(model) != []
+        model = create_model(name, num_classes=7, input_shape=shape, **WITH_BATCHNORM[name])
     assert dp_incompatibilities(model) == []
 
 

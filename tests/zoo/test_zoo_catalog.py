@@ -86,9 +86,13 @@ def test_num_params_and_preprocessing_match_the_built_model(name):
     kwargs, preprocessing = entry["model"]["kwargs"], entry["preprocessing"]
     assert preprocessing["input_shape"] == kwargs["input_shape"]
     assert preprocessing["value_range"] == [0.0, 1.0] and preprocessing["normalization"] == "model"
-    channels = kwargs["input_shape"][0]
-    assert model.normalize.mean.flatten().tolist() == pytest.approx(kwargs.get("mean", [0.0] * channels))
-    assert model.normalize.std.flatten().tolist() == pytest.approx(kwargs.get("std", [1.0] * channels))
+    if entry["model"]["name"] == "residual_perturbation":  # each member normalizes its own (noisy) input
+        model, mean, std = model.net.members[0].model, kwargs["member_mean"], kwargs["member_std"]
+    else:
+        channels = kwargs["input_shape"][0]
+        mean, std = kwargs.get("mean", [0.0] * channels), kwargs.get("std", [1.0] * channels)
+    assert model.normalize.mean.flatten().tolist() == pytest.approx(mean)
+    assert model.normalize.std.flatten().tolist() == pytest.approx(std)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -168,6 +172,8 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     init = config["model"]["init_args"]
     kwargs = entry["model"]["kwargs"]
     denoiser = entry.get("kind") == "denoiser"  # the model is TransDenoiser's denoiser, in front of meta.classifier
+    if entry["model"]["name"] == "residual_perturbation":
+        init, kwargs = _residual_perturbation_view(init, kwargs)
     assert init["denoiser" if denoiser else "model"] == entry["model"]["name"]
     if denoiser:
         assert init["classifier"] == entry["meta"]["classifier"]
@@ -184,6 +190,29 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
         assert list(data.mean) == pytest.approx(kwargs["mean"]) and list(data.std) == pytest.approx(kwargs["std"])
     if entry["meta"]["privacy"] is None:
         assert config.get("dp") is None
+
+
+def _residual_perturbation_view(init: dict, kwargs: dict) -> tuple[dict, dict]:
+    """``ResidualPerturbation`` builds the registry's ``residual_perturbation`` ensemble of ``init["model"]`` from its
+    own arguments: map the recipe's arguments to the entry's kwargs (``gamma / 2`` input noise for Strategy I)."""
+    strategy = init.get("strategy", "additive")
+    gamma = init.get("gamma", 0.3)
+    noise = (
+        init.get("input_noise")
+        if init.get("input_noise") is not None
+        else (gamma / 2 if strategy == "additive" else 0.0)
+    )
+    built = {
+        "base": init["model"],
+        "ensemble_size": init.get("ensemble_size", 1),
+        "strategy": strategy,
+        "gamma": gamma,
+        "input_noise": noise,
+        "member_mean": kwargs["member_mean"],
+        "member_std": kwargs["member_std"],
+    }
+    view = dict(kwargs, mean=kwargs["member_mean"], std=kwargs["member_std"])
+    return {"model": "residual_perturbation", "model_kwargs": built}, view
 
 
 def test_published_reference_values():

@@ -1,0 +1,143 @@
+"""Residual perturbation (Tao et al., ICLR 2021 submission) against DP-SGD on the embedded digits.
+
+For each row and seed: train the target on the digits train split (members; 1,293 images), measure train and test
+accuracy (the noise stays on at test time: one stochastic forward per image) and run the membership attacks of
+:mod:`lightning_dprobust.audit.membership` (loss, Salem et al. shadow model, offline LiRA; members: the train
+split, non-members: validation + test) with ``--shadows`` shadow models trained like the target. Rows: the plain
+pre-activation ResNet8 (gamma = 0), Strategy I (input noise gamma / 2) and II at three gammas (En1), En5 at the
+middle gamma of each, and DP-SGD at epsilon 3 and 8 on the same ResNet8 with GroupNorm (BatchNorm cannot be
+clipped per example). Wall-clock per epoch is timed on the seed-0 targets, in this one run.
+
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/residual_membership.py [--seeds 0 1 2] [--epochs 20] [--shadows 2]
+[--out FILE]``. Prints one JSON line per row and seed, then a markdown table (mean +- std over seeds), and writes it
+with the raw rows to ``--out``. ``--collect LOG [LOG ...]`` builds the table from the JSON lines of earlier runs
+(e.g. seeds run in parallel processes) instead of training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lightning_dprobust.audit.membership import ATTACKS, model_outputs
+from lightning_dprobust.audit.runner import Recipe, checkpoint_membership_audit, train_classifier
+from lightning_dprobust.data import DigitsDataModule
+from lightning_dprobust.methods import DPSGD, ResidualPerturbation
+from lightning_dprobust.robustness.reports import markdown_table, write_text
+
+SGD = dict(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4, lr_schedule="cosine")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    module: type
+    kwargs: dict
+    dp: dict | None = None
+    results: list = field(default_factory=list, compare=False)
+
+
+def _rows() -> list[Row]:
+    def rp(strategy: str, gamma: float, k: int = 1) -> dict:
+        return dict(strategy=strategy, gamma=gamma, ensemble_size=k) | SGD
+
+    rows = [Row("ResNet8 (plain, gamma 0)", ResidualPerturbation, rp("additive", 0.0))]
+    rows += [Row(f"RP-I En1 gamma {g}", ResidualPerturbation, rp("additive", g)) for g in (0.25, 0.75, 1.5)]
+    rows += [Row("RP-I En5 gamma 0.75", ResidualPerturbation, rp("additive", 0.75, 5))]
+    rows += [Row(f"RP-II En1 gamma {g}", ResidualPerturbation, rp("multiplicative", g)) for g in (0.5, 1.0, 2.0)]
+    rows += [Row("RP-II En5 gamma 1.0", ResidualPerturbation, rp("multiplicative", 1.0, 5))]
+    gn = dict(model="preact_resnet8", model_kwargs={"dp_compatible": True}, optimizer="adam", lr=0.005)
+    for eps in (8.0, 3.0):
+        dp = dict(max_grad_norm=1.0, target_epsilon=eps, delta=1e-5)
+        rows.append(Row(f"DP-SGD ResNet8-GN eps {eps:g}", DPSGD, gn, dp))
+    return rows
+
+
+def _accuracy(model: torch.nn.Module, dataset) -> float:
+    logits, labels = model_outputs(model, dataset)
+    return float((logits.argmax(1) == labels).float().mean())
+
+
+def _run(row: Row, seed: int, epochs: int, shadows: int) -> dict:
+    datamodule = DigitsDataModule(seed=0)
+    datamodule.setup("fit")
+    datamodule.setup("test")
+    recipe = Recipe(row.module, row.kwargs, batch_size=128, max_epochs=epochs, dp=row.dp, seed=seed)
+    start = time.perf_counter()
+    trained = train_classifier(recipe, datamodule.train_set, datamodule)
+    seconds = (time.perf_counter() - start) / epochs
+    model = trained.module
+    report = checkpoint_membership_audit(model, datamodule, recipe, shadows, ATTACKS, seed)
+    train_acc, test_acc = _accuracy(model, datamodule.train_set), _accuracy(model, datamodule.test_set)
+    result = dict(seed=seed, train_acc=train_acc, test_acc=test_acc, gap=train_acc - test_acc, epoch_s=seconds)
+    result |= {f"auc_{name}": metrics.auc for name, metrics in report.metrics.items()}
+    result["epsilon"] = trained.epsilon if row.dp else model.ledger.nominal[0].epsilon
+    return result
+
+
+def _cell(values: list[float], digits: int = 3) -> str:
+    return f"{np.mean(values):.{digits}f} +- {np.std(values):.{digits}f}"
+
+
+def _table(rows: list[Row]) -> str:
+    header = ["model", "test acc", "train-test gap", "AUC loss", "AUC shadow", "AUC LiRA", "epsilon"]
+    lines = []
+    for row in rows:
+        r = row.results
+        eps = r[0]["epsilon"]
+        eps_cell = f"{eps:.3g}" + ("" if row.dp else " (nominal)")
+        keys = ("test_acc", "gap", "auc_loss", "auc_shadow", "auc_lira")
+        lines.append([row.name, *(_cell([x[k] for x in r]) for k in keys), eps_cell])
+    return markdown_table(header, lines)
+
+
+def _timing(rows: list[Row]) -> str:
+    seconds = {row.name: row.results[0]["epoch_s"] for row in rows}
+    plain, dpsgd = seconds[rows[0].name], seconds[rows[-1].name]
+    lines = [[name, f"{s:.2f}", f"{s / plain:.2f}", f"{s / dpsgd:.2f}"] for name, s in seconds.items()]
+    return markdown_table(["model (seed 0)", "s / epoch", "x plain ResNet8", "x DP-SGD"], lines)
+
+
+def _collect(rows: list[Row], logs: list[str]) -> None:
+    """Fill ``rows`` from the JSON lines that earlier runs printed (the first of any repeated row and seed), by seed."""
+    by_name = {row.name: row for row in rows}
+    for log in logs:
+        for line in open(log):  # noqa: SIM115
+            if line.startswith('{"row"'):
+                record = json.loads(line)
+                row = by_name[record.pop("row")]
+                if record["seed"] not in {result["seed"] for result in row.results}:
+                    row.results.append(record)
+    for row in rows:
+        row.results.sort(key=lambda result: result["seed"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--shadows", type=int, default=2)
+    parser.add_argument("--out", default="runs/residual_membership.md")
+    parser.add_argument("--collect", nargs="+", metavar="LOG", help="tabulate the JSON lines of earlier runs")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = _rows()
+    if args.collect:
+        _collect(rows, args.collect)
+    for seed in [] if args.collect else args.seeds:
+        for row in rows:
+            row.results.append(_run(row, seed, args.epochs, args.shadows))
+            print(json.dumps({"row": row.name} | row.results[-1]), flush=True)
+    text = f"{_table(rows)}\n\nWall-clock per epoch:\n\n{_timing(rows)}\n"
+    print(text)
+    raw = json.dumps({row.name: row.results for row in rows}, indent=1)
+    write_text(f"{text}\n<!-- raw\n{raw}\n-->\n", args.out)
+
+
+if __name__ == "__main__":
+    main()

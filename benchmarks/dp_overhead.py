@@ -151,7 +151,7 @@ def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, dev
     workers, results, started = {}, {}, {}
     for mode in modes:  # start every worker first: their imports and warm-ups overlap
         parent, child = context.Pipe()
-        started[mode] = (context.Process(target=_worker, args=(case, mode, device, child)), parent)
+        started[mode] = (context.Process(target=_worker, args=(case, mode, device, child), daemon=True), parent)
         started[mode][0].start()
     for mode, (process, parent) in started.items():
         ready = _receive(process, parent)

@@ -85,14 +85,11 @@ def test_dpadv_adversarial_inputs(model):
 
 
 def dpcert_cases() -> list:
-    """Every variant on the CNN and the ViT; on the (slower) ResNet one variant, the others marked slow."""
-    cases = []
-    for variant in DPCERT_VARIANTS:
-        name = f"{variant['augmentation']}-{variant['regularizer']}"
-        cases += [pytest.param(m, variant, id=f"{m}-{name}") for m in ("cnn_tanh", "timm/vit_tiny_patch16_224")]
-        marks = () if variant["regularizer"] == "stability" else pytest.mark.slow
-        cases.append(pytest.param("timm/resnet18", variant, id=f"resnet18-{name}", marks=marks))
-    return cases
+    """Every variant on the CNN, the ResNet and the ViT."""
+    models = ("cnn_tanh", "timm/resnet18", "timm/vit_tiny_patch16_224")
+    return [
+        pytest.param(m, v, id=f"{m}-{v['augmentation']}-{v['regularizer']}") for v in DPCERT_VARIANTS for m in models
+    ]
 
 
 @pytest.mark.parametrize(("model", "variant"), dpcert_cases())

@@ -266,7 +266,9 @@ def test_shipped_digits_weights_reach_their_recorded_test_accuracy(entry, monkey
     images, labels = digits_test_split(entry)
     with torch.no_grad():
         accuracy = (model(images).argmax(dim=1) == labels).float().mean().item()
-    assert abs(accuracy - entry.meta["metrics"]["test_acc"]) <= 0.005
+    # residual perturbation keeps its noise at test time: one draw per image moves the accuracy by about 1 %
+    tolerance = 0.03 if entry.meta["method"] == "ResidualPerturbation" else 0.005
+    assert abs(accuracy - entry.meta["metrics"]["test_acc"]) <= tolerance
     assert accuracy > 0.5, "a digits model must beat chance (10%) by far"
 
 
@@ -279,4 +281,8 @@ def test_the_digits_entries_are_shipped():
         "dpcert_digits_eps3_s025",
         "dpcert_digits_eps3_s050",
         "dpadv_digits_eps3",
+        "rp1_en1_digits",
+        "rp1_en5_digits",
+        "rp2_en1_digits",
+        "rp2_en5_digits",
     }

@@ -298,7 +298,9 @@ def test_shipped_weights_reach_their_recorded_test_accuracy(entry, monkeypatch, 
         images = torch.cat([b + sigma * noise for b, noise in zip(batches, draws, strict=True)])
     with torch.no_grad():
         accuracy = (model(images).argmax(dim=1) == labels).float().mean().item()
-    assert abs(accuracy - entry.meta["metrics"]["test_acc"]) <= 0.005
+    # residual perturbation keeps its noise at test time: one draw per image moves the accuracy by about 1 %
+    tolerance = 0.03 if entry.meta["method"] == "ResidualPerturbation" else 0.005
+    assert abs(accuracy - entry.meta["metrics"]["test_acc"]) <= tolerance
     assert accuracy > 0.5, "an embedded-data model must beat chance (10%) by far"
 
 
@@ -316,4 +318,8 @@ def test_the_embedded_data_entries_are_shipped():
         *(f"dpcert_mnist5k_eps{epsilon}_s025" for epsilon in (1, 3)),
         "transdenoiser_digits_eps1_s025",
         "transdenoiser_digits_eps3_s025",
+        "rp1_en1_digits",
+        "rp1_en5_digits",
+        "rp2_en1_digits",
+        "rp2_en5_digits",
     }

@@ -54,7 +54,7 @@ def run_or_load(run: Callable[[int], Mapping[str, float]], args: argparse.Namesp
 
 
 def seeded_config(config: str | Path | Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """A copy of a recipe (YAML path or parsed dict) with ``seed_everything`` and every ``DPCallback``'s ``seed`` set.
+    """A copy of a recipe (YAML path or parsed dict) with ``seed_everything`` and the ``dp`` group's (``DPCallback``) ``seed`` set.
 
     Raises:
         FileNotFoundError: if ``config`` is a path that does not exist.
@@ -63,9 +63,11 @@ def seeded_config(config: str | Path | Mapping[str, Any], seed: int) -> dict[str
         config = yaml.safe_load(Path(config).read_text())
     seeded = copy.deepcopy(dict(config))
     seeded["seed_everything"] = int(seed)
-    for callback in (seeded.get("trainer") or {}).get("callbacks") or []:
-        if str(callback.get("class_path", "")).endswith(".DPCallback"):
-            callback.setdefault("init_args", {})["seed"] = int(seed)
+    dp = seeded.get("dp")
+    if dp is not None:  # the `dp` group: plain arguments, or class_path + init_args for a DPCallback subclass
+        seeded["dp"] = copy.deepcopy(dict(dp))
+        arguments = seeded["dp"].setdefault("init_args", {}) if "class_path" in dp else seeded["dp"]
+        arguments["seed"] = int(seed)
     return seeded
 
 

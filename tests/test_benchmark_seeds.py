@@ -29,8 +29,7 @@ def test_seeded_config_sets_the_global_and_the_dp_seed_and_leaves_the_split_and_
     original = yaml.safe_load(DPSGD_DIGITS.read_text())
     seeded = seeded_config(original, 7)
     assert seeded["seed_everything"] == 7
-    (dp,) = [c for c in seeded["trainer"]["callbacks"] if c["class_path"].endswith(".DPCallback")]
-    assert dp["init_args"]["seed"] == 7
+    assert seeded["dp"]["seed"] == 7
     assert seeded["data"] == original["data"] and "seed" not in (seeded["data"].get("init_args") or {})
     assert original == yaml.safe_load(DPSGD_DIGITS.read_text())
     assert seeded_config(DPSGD_DIGITS, 7) == seeded
@@ -39,7 +38,7 @@ def test_seeded_config_sets_the_global_and_the_dp_seed_and_leaves_the_split_and_
 def test_non_private_configs_get_only_the_global_seed():
     seeded = seeded_config(CONFIG_DIR / "erm" / "digits.yaml", 3)
     assert seeded["seed_everything"] == 3
-    assert not any("seed" in (c.get("init_args") or {}) for c in seeded["trainer"]["callbacks"])
+    assert seeded.get("dp") is None
 
 
 def _initial_weights(seed: int) -> tuple[torch.Tensor, object]:
@@ -53,7 +52,7 @@ def test_the_seed_reaches_the_model_initialization_and_the_dp_callback():
     again, _ = _initial_weights(1)
     other, other_dp = _initial_weights(2)
     assert torch.equal(first, again) and not torch.equal(first, other)
-    assert dp.loaders.seed == 1 and other_dp.loaders.seed == 2
+    assert dp.randomness.seed == 1 and other_dp.randomness.seed == 2
 
 
 def test_sweep_reports_mean_and_sample_std_with_the_seed_list():

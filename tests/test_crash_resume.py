@@ -36,8 +36,7 @@ def write_config(run_dir: Path, log_name: str, pause_at_step: int | None = None)
     trainer.update(max_epochs=EPOCHS, logger=False, enable_progress_bar=False, limit_val_batches=0)
     checkpoint = next(c for c in trainer["callbacks"] if c["class_path"].endswith("ModelCheckpoint"))
     checkpoint["init_args"].update(every_n_train_steps=EVERY, save_last=True)
-    dp = next(c for c in trainer["callbacks"] if c["class_path"].endswith("DPCallback"))
-    dp["init_args"]["seed"] = 0  # reproducibility mode: a resume continues the masks and noise of the run
+    config["dp"]["seed"] = 0  # reproducibility mode: a resume continues the masks and noise of the run
     recorder = {"log_path": str(run_dir / log_name), "pause_at_step": pause_at_step}
     trainer["callbacks"].append({"class_path": "tests.crash_helpers.StepRecorder", "init_args": recorder})
     path = run_dir / f"{log_name}.yaml"

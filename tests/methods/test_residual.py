@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_dprobust.audit.runner import Recipe
 from lightning_dprobust.cli import main as dprobust
 from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.core.residual_privacy import theorem1_epsilon
+from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import ResidualPerturbation
 from lightning_dprobust.methods.residual import NOMINAL_SOURCE
+from lightning_dprobust.recipes import Recipe
 from tests.helpers import digits, quiet_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +88,7 @@ def test_cli_fit_checkpoint_reloads_and_resume_keeps_nominal_ledger(tmp_path):
     assert checkpoint["examples_seen"] == 3 * 128
     model = load_classifier(str(ckpt))
     assert isinstance(model, ResidualPerturbation) and len(model.model.net.members) == 2
-    shadow_recipe = Recipe.from_module(model).module_kwargs
+    shadow_recipe = Recipe.from_module(model, DigitsDataModule(), 128, 1).config["model"]["init_args"]
     assert (shadow_recipe["ensemble_size"], shadow_recipe["strategy"], shadow_recipe["gamma"]) == (2, "additive", 0.3)
     assert model.ledger.nominal[0].epsilon == first[1]
     assert dprobust([*args[:4], "2", *args[5:], "--ckpt_path", str(ckpt)]) == 0
@@ -165,8 +166,8 @@ def test_dprobust_audit_runs_on_an_ensemble_checkpoint_with_shadows_like_it(tmp_
     ]
     assert dprobust(fit) == 0
     ckpt = next(run.rglob("last.ckpt"))
-    recipe = Recipe.from_module(load_classifier(str(ckpt)))
-    assert recipe.module_kwargs["ensemble_size"] == 2 and recipe.module_kwargs["gamma"] == 0.6
+    recipe = Recipe.from_module(load_classifier(str(ckpt)), DigitsDataModule(), 128, 1).config["model"]["init_args"]
+    assert recipe["ensemble_size"] == 2 and recipe["gamma"] == 0.6
     args = [
         "audit",
         "--ckpt",

@@ -54,7 +54,7 @@ def run_or_load(run: Callable[[int], Mapping[str, float]], args: argparse.Namesp
 
 
 def seeded_config(config: str | Path | Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """A copy of a recipe (YAML path or parsed dict) with ``seed_everything`` and the ``dp`` group's (``DPCallback``) ``seed`` set.
+    """A copy of a recipe (YAML path or parsed dict) with ``seed_everything`` and the ``dp`` group's ``seed`` set.
 
     Raises:
         FileNotFoundError: if ``config`` is a path that does not exist.

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_dprobust.core.accounting import epsilon_for
 
 VALIDATION_METRIC = "val/acc"
 """The validation metric the end-of-fit summary reports the best value of."""
@@ -114,18 +117,56 @@ def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
 
 
 def report_fit(trainer: L.Trainer, dp: Any | None) -> None:
-    """Print :func:`fit_summary` on rank zero and put the final epsilon in the W&B run's summary."""
+    """Print :func:`fit_summary` on rank zero; with DP, write the privacy curve (``privacy_curve.png`` in the run
+    folder) and put the final epsilon in the W&B run's summary and the curve in its images."""
     if not trainer.is_global_zero:
         return
     print(fit_summary(trainer, dp), flush=True)
-    if dp is None:
+    if dp is None or not dp.ledger.steps:
         return
+    curve = privacy_curve(dp.ledger.history, dp.delta, dp.accountant)
+    png = plot_privacy_curve(curve, config_path(trainer, "privacy_curve.png"), f"{dp.accountant}, delta {dp.delta:g}")
     for logger in trainer.loggers:
         summary = getattr(getattr(logger, "experiment", None), "summary", None)
         if type(logger).__name__ == "WandbLogger" and summary is not None:
             summary["privacy/final_epsilon"] = float(dp.epsilon())
             summary["privacy/delta"] = float(dp.delta)
             summary["privacy/steps"] = int(dp.ledger.steps)
+            logger.log_image(key="privacy/epsilon_curve", images=[png])
+
+
+def privacy_curve(history: Sequence[Any], delta: float, accountant: str, points: int = 20) -> list[tuple[int, float]]:
+    """``(steps, epsilon)`` after ``points`` evenly spaced prefixes of a ledger history; the last is the whole run."""
+    total = sum(event.steps for event in history)
+    marks = sorted({max(1, round(total * k / points)) for k in range(1, points + 1)})
+    return [(steps, epsilon_for(_prefix(history, steps), delta, accountant)) for steps in marks]
+
+
+def _prefix(history: Sequence[Any], steps: int) -> list[tuple[float, float, int]]:
+    """The first ``steps`` steps of a history of ``(noise_multiplier, sample_rate, steps)`` events."""
+    prefix, left = [], steps
+    for event in history:
+        if left <= 0:
+            break
+        prefix.append((event.noise_multiplier, event.sample_rate, min(event.steps, left)))
+        left -= event.steps
+    return prefix
+
+
+def plot_privacy_curve(curve: Sequence[tuple[int, float]], path: str, title: str) -> str:
+    """Epsilon against training steps, to a PNG (Agg canvas, no pyplot state); returns the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(5, 3.5), dpi=120)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot([steps for steps, _ in curve], [epsilon for _, epsilon in curve], marker=".")
+    axes.set(xlabel="training steps", ylabel="epsilon", title=title)
+    axes.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    figure.savefig(path, format="png", bbox_inches="tight")
+    return path
 
 
 RUN_ID_FILE = "wandb_run_id"

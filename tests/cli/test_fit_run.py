@@ -11,7 +11,9 @@ import pytest
 import torch
 import yaml
 
+from lightning_dprobust.callbacks.run import privacy_curve
 from lightning_dprobust.cli import main
+from lightning_dprobust.core.accounting import PrivacyEvent, epsilon_for
 from tests.cli.test_main import DPSGD_DIGITS, dprobust
 from tests.helpers import read_wandb_config_and_summary, read_wandb_records
 
@@ -56,6 +58,26 @@ def test_the_wandb_run_holds_the_dp_and_data_parameters_and_the_final_epsilon(fi
     assert summary["privacy/final_epsilon"] == pytest.approx(printed, rel=1e-3)
     artifacts = [record.artifact for record in read_wandb_records(run_file) if record.HasField("artifact")]
     assert any(a.type == "model" and "model.ckpt" in [m.path for m in a.manifest.contents] for a in artifacts)
+
+
+def test_the_fit_writes_the_privacy_curve_and_logs_it_to_wandb(first_fit):
+    folder, result = first_fit
+    (png,) = (folder / RUN).rglob("privacy_curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (run_file,) = wandb_runs(folder)
+    history = [record.history for record in read_wandb_records(run_file) if record.HasField("history")]
+    assert any(item.key == "privacy/epsilon_curve" or "epsilon_curve" in "/".join(item.nested_key)
+               for row in history for item in row.item)  # fmt: skip
+
+
+def test_the_privacy_curve_rises_to_the_final_epsilon():
+    history = [PrivacyEvent(2.0, 0.1, 30), PrivacyEvent(1.5, 0.1, 10)]
+    curve = privacy_curve(history, 1e-5, "rdp", points=8)
+    steps, epsilons = zip(*curve, strict=True)
+    assert steps[-1] == 40 and list(steps) == sorted(steps)
+    assert all(a < b for a, b in zip(epsilons, epsilons[1:], strict=False))
+    assert epsilons[-1] == pytest.approx(epsilon_for(history, 1e-5, "rdp"))
+    assert epsilons[3] == pytest.approx(epsilon_for([(2.0, 0.1, 20)], 1e-5, "rdp"))
 
 
 def test_a_second_fit_into_the_folder_is_refused_and_a_resume_continues_the_same_wandb_run(first_fit):

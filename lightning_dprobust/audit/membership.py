@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
 
 from lightning_dprobust.audit.roc import RocMetrics, roc_metrics
 
@@ -152,7 +153,7 @@ def train_shadow_models(
         raise ValueError(f"shadow_size must lie in [1, {len(pool)}) (the shadow pool leaves some out), got {size}")
     rng = np.random.default_rng(seed)
     logits, included = [], []
-    for _ in range(num_shadows):
+    for _ in tqdm(range(num_shadows), desc="shadow models", unit="model", leave=False):
         chosen = np.sort(rng.choice(pool, size=size, replace=False))
         outputs = predict(train_fn(chosen))
         mask = np.zeros(len(outputs), dtype=bool)

@@ -161,7 +161,7 @@ def _certified_metrics(
     from lightning_dprobust.robustness.certify import certify_dataset, summarize
 
     settings = CERTIFICATION | (certification or {})
-    rows = certify_dataset(module, test_set, sigma=sigma, batch_size=1000, seed=0, progress=False, **settings)
+    rows = certify_dataset(module, test_set, sigma=sigma, batch_size=1000, seed=0, progress=True, **settings)
     summary = summarize(rows, (0.0, 0.25, 0.5, 0.75))
     return {key: round(float(value), 6) for key, value in summary.items() if key != "num_examples"}
 

@@ -71,8 +71,8 @@ class TransDenoiserCallback(DPCallback):
         target_epsilon: the privacy budget (the thesis: 1.0).
         transform_slices: the slices whose noise may be reduced (the authors' code: first and last).
         **kwargs: ``max_grad_norm``, ``delta``, ``accountant``, ``sample_rate``, ``poisson_sampling``,
-            ``max_physical_batch_size``, ``seed`` of :class:`DPCallback` (``engine`` may only be ``"vmap"`` and
-            ``clipping`` only ``"flat"``: the transformation matrix assumes both).
+            ``max_physical_batch_size``, ``seed`` of :class:`DPCallback` (``engine`` is always ``"vmap"``;
+            ``"ghost"`` is refused, as is any ``clipping`` but ``"flat"``: the transformation assumes both).
 
     Example:
         >>> from lightning_dprobust.callbacks import TransDenoiserCallback
@@ -94,12 +94,13 @@ class TransDenoiserCallback(DPCallback):
             raise MisconfigurationException(
                 f"TransDenoiserCallback needs xi_up > 0 and 0 <= xi_low <= xi_up, got xi_up={xi_up}, xi_low={xi_low}"
             )
-        for key, only in (("engine", "vmap"), ("clipping", "flat")):
-            if kwargs.setdefault(key, only) != only:
-                raise MisconfigurationException(
-                    f"TransDenoiserCallback({key}={kwargs[key]!r}) is not supported: the transformation needs "
-                    f"{key}={only!r} (per-example losses and the flat clip factors); remove the argument"
-                )
+        if kwargs.get("engine", "auto") not in ("auto", "vmap") or kwargs.get("clipping", "flat") != "flat":
+            raise MisconfigurationException(
+                f"TransDenoiserCallback(engine={kwargs.get('engine')!r}, clipping={kwargs.get('clipping')!r}) is not "
+                "supported: the transformation needs per-example losses (engine 'vmap') and the flat clip factors "
+                "(clipping 'flat'); remove both arguments"
+            )
+        kwargs["engine"] = "vmap"  # "auto" could pick the ghost engine, which computes no per-example losses
         super().__init__(noise_multiplier=float(xi_up), epsilon_budget=target_epsilon, **kwargs)
         self.mode = mode
         self.xi_up = float(xi_up)

@@ -5,7 +5,7 @@ Rows, each trained from its shipped recipe with ``seed_everything`` and the Pois
 * ``transdenoiser``: ``configs/transdenoiser/digits.yaml`` (DnCNN-GN denoiser in front of the public
   ``mlp_tanh.erm_digits``, xi_up 2.0, (1, 1e-5)-DP);
 * ``sepdp``: the same with ``TransDenoiserCallback(mode="sepdp")`` (plain gradient noise xi_up);
-* ``nodp``: the same without the callback (input perturbation only, not private);
+* ``nodp``: the same without the ``dp`` group (input perturbation only, not private);
 * ``dpsgd+smoothing``: ``configs/dpsgd/digits.yaml`` at target_epsilon 1, certified with sigma 0.25;
 * ``dpcert``: ``configs/dpcert/digits.yaml`` (Gaussian views, sigma 0.25) at target_epsilon 1.
 
@@ -33,8 +33,10 @@ RADII = (0.0, 0.25, 0.5)
 SIGMA = 0.25
 
 
-def _callback(config: dict, name: str) -> dict:
-    return next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(name))
+def _dp_args(config: dict) -> dict:
+    """The ``dp`` group's arguments, in place (``init_args`` when the group names its class)."""
+    dp = config["dp"]
+    return dp["init_args"] if "class_path" in dp else dp
 
 
 def row_configs() -> dict[str, dict]:
@@ -42,14 +44,14 @@ def row_configs() -> dict[str, dict]:
     load = lambda path: yaml.safe_load((CONFIG_DIR / path).read_text())  # noqa: E731
     trans = load("transdenoiser/digits.yaml")
     sep = copy.deepcopy(trans)
-    _callback(sep, "TransDenoiserCallback")["init_args"]["mode"] = "sepdp"
+    _dp_args(sep)["mode"] = "sepdp"
     nodp = copy.deepcopy(trans)
-    nodp["trainer"]["callbacks"] = [c for c in nodp["trainer"]["callbacks"] if "TransDenoiser" not in c["class_path"]]
+    nodp["dp"] = None
     nodp["trainer"]["max_steps"] = 67  # as many steps as the private runs take within epsilon 1
     rows = {"transdenoiser": trans, "sepdp": sep, "nodp": nodp}
     for name, path in (("dpsgd+smoothing", "dpsgd/digits.yaml"), ("dpcert", "dpcert/digits.yaml")):
         config = load(path)
-        _callback(config, "DPCallback")["init_args"]["target_epsilon"] = 1.0
+        _dp_args(config)["target_epsilon"] = 1.0
         rows[name] = config
     return rows
 
@@ -58,9 +60,8 @@ def run(config: dict, seed: int, n: int) -> dict[str, float]:
     """Fit one recipe with ``seed`` and certify its test split; returns the certified metrics and epsilon."""
     config = copy.deepcopy(config)
     config["seed_everything"] = seed
-    for callback in config["trainer"]["callbacks"]:
-        if "DPCallback" in callback["class_path"] or "TransDenoiser" in callback["class_path"]:
-            callback["init_args"]["seed"] = seed
+    if config.get("dp") is not None:
+        _dp_args(config)["seed"] = seed
     with tempfile.TemporaryDirectory() as workdir:
         quiet = [
             "--trainer.logger=false",

@@ -11,7 +11,6 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torch.func import functional_call
@@ -22,7 +21,6 @@ from lightning_dprobust.core.transdenoiser_math import (
     input_jacobians,
     rank_allows,
     s_min,
-    secret_generator,
     taylor_remainders,
     top_up_multiplier,
     transformation_matrix,
@@ -34,8 +32,11 @@ MODES = ("transdenoiser", "sepdp")
 class TransDenoiserCallback(DPCallback):
     """Trains a :class:`~lightning_dprobust.methods.TransDenoiser` with Algorithm 3 of Tang 2021 (chapter 6).
 
-    Everything but the noise is ``DPCallback``'s: Poisson sampling, per-example clipping of the whole denoiser
-    gradient to ``max_grad_norm`` (the shared engine of ``core/per_sample.py``), the setup checks, and the ledger,
+    Everything but the noise scale is ``DPCallback``'s: Poisson sampling, flat per-example clipping of the whole
+    denoiser gradient to ``max_grad_norm`` (the shared vmap engine of ``core/per_sample.py``: the Taylor remainders
+    need per-example losses, which the ghost engine does not compute), the setup checks, the secret randomness the
+    noise is drawn from, the check that the optimizer applies exactly the private gradient, the final epsilon line,
+    and the ledger,
     which records every step as a Gaussian mechanism with noise multiplier ``xi_up`` (Corollary 2) so epsilon is
     computed, budgeted and checkpointed like every other method's. ``target_epsilon`` is a budget: training stops
     before a step would spend more, and ``T``, the planned number of steps, is the smaller of the trainer's length
@@ -59,8 +60,9 @@ class TransDenoiserCallback(DPCallback):
         ``xi_up``, *if* the transformed input noise protects like Gaussian gradient noise (Lemma 1, whose "``>=``"
         between gradient vectors is not a DP argument, and the factor ``T`` of Lemmas 2/3, which assumes input
         noise drawn once): see ``core/transdenoiser_math.py``. ``sepdp`` needs no such assumption (it is DP-SGD).
-        ``sigma_bar`` depends on the private batch, so it is never logged or checkpointed. All noise comes from
-        generators seeded from the operating system's entropy (``noise_seed`` is a warned test mode).
+        ``sigma_bar`` depends on the private batch, so it is never logged or checkpointed. The gradient noise comes
+        from ``DPCallback``'s secret generators (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`;
+        ``seed`` is its warned reproducibility mode).
 
     Args:
         mode: ``"transdenoiser"`` or ``"sepdp"`` (train without this callback for ``nodp``).
@@ -68,9 +70,9 @@ class TransDenoiserCallback(DPCallback):
         xi_low: below this transformed multiplier the transformation is ignored (``sigma_bar = xi_up``).
         target_epsilon: the privacy budget (the thesis: 1.0).
         transform_slices: the slices whose noise may be reduced (the authors' code: first and last).
-        noise_seed: fixed seed of the gradient noise (test mode, warned).
         **kwargs: ``max_grad_norm``, ``delta``, ``accountant``, ``sample_rate``, ``poisson_sampling``,
-            ``max_physical_batch_size``, ``seed`` of :class:`DPCallback`.
+            ``max_physical_batch_size``, ``seed`` of :class:`DPCallback` (``engine`` is always ``"vmap"``;
+            ``"ghost"`` is refused, as is any ``clipping`` but ``"flat"``: the transformation assumes both).
 
     Example:
         >>> from lightning_dprobust.callbacks import TransDenoiserCallback
@@ -84,7 +86,6 @@ class TransDenoiserCallback(DPCallback):
         xi_low: float = 0.0,
         target_epsilon: float = 1.0,
         transform_slices: tuple[str, ...] | list[str] = ("first", "last"),
-        noise_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
         if mode not in MODES:
@@ -93,6 +94,13 @@ class TransDenoiserCallback(DPCallback):
             raise MisconfigurationException(
                 f"TransDenoiserCallback needs xi_up > 0 and 0 <= xi_low <= xi_up, got xi_up={xi_up}, xi_low={xi_low}"
             )
+        if kwargs.get("engine", "auto") not in ("auto", "vmap") or kwargs.get("clipping", "flat") != "flat":
+            raise MisconfigurationException(
+                f"TransDenoiserCallback(engine={kwargs.get('engine')!r}, clipping={kwargs.get('clipping')!r}) is not "
+                "supported: the transformation needs per-example losses (engine 'vmap') and the flat clip factors "
+                "(clipping 'flat'); remove both arguments"
+            )
+        kwargs["engine"] = "vmap"  # "auto" could pick the ghost engine, which computes no per-example losses
         super().__init__(noise_multiplier=float(xi_up), epsilon_budget=target_epsilon, **kwargs)
         self.mode = mode
         self.xi_up = float(xi_up)
@@ -100,8 +108,6 @@ class TransDenoiserCallback(DPCallback):
         self.transform_slices = tuple(transform_slices)
         self.planned_steps = 0
         self.last_multipliers: dict[str, float] = {}
-        self._noise_seed = noise_seed
-        self._generator: torch.Generator | None = None
         self._module: Any = None
         self._slices: dict[str, list[str]] = {}
 
@@ -138,29 +144,27 @@ class TransDenoiserCallback(DPCallback):
             planned = min(planned, trainer.max_epochs * self.loaders.steps_per_epoch)
         self.planned_steps = max(1, planned)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        rank_zero_info(
-            f"TransDenoiserCallback({self.mode}): epsilon = {self.epsilon():.4f} at delta = {self.delta:g} after "
-            f"{self.ledger.steps} steps of noise multiplier xi_up = {self.xi_up} (accountant {self.accountant})"
-        )
-
     # ------------------------------------------------------------------------------------------- the DP step
     def private_step(self, inputs: tuple[Tensor, ...]) -> Tensor:
-        """Clip, sum, add the (topped-up) noise per slice and record ``xi_up``; returns the surrogate loss."""
+        """Clip, sum, add the (topped-up) noise per slice, record ``xi_up``; returns the surrogate loss.
+
+        As in :meth:`DPCallback.private_step`, the surrogate's gradient is exactly the private gradient, which is
+        registered with the guard so the optimizer step is refused if anything else reaches ``.grad``.
+        """
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
             raise RuntimeError(f"TransDenoiserCallback: target_epsilon={self.epsilon_budget} is spent")
         clipped = self._clipper(inputs)
         multipliers = self.slice_multipliers(inputs, clipped.losses, clipped.norms)
         self.last_multipliers = multipliers
-        if self._generator is None:
-            self._generator = secret_generator(self._noise_seed, inputs[0].device)
+        generator = self.randomness.noise_generator(self.ledger.steps, inputs[0].device)
         stds = {key: multipliers[key] * self.max_grad_norm if self._rank == 0 else 0.0 for key in self._slices}
-        noisy = add_slice_noise(clipped.grads, self._slices, stds, self._generator)
+        noisy = add_slice_noise(clipped.grads, self._slices, stds, generator)
         scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
-        params = self._clipper.trainable_parameters()
-        surrogate = sum((params[name] * (noisy[name] * scale)).sum() for name in noisy)
+        private = {name: grad * scale for name, grad in noisy.items()}
+        self.guard.record(private)
         self.ledger.record(self.xi_up, self.loaders.sample_rate)
-        return surrogate
+        params = self._clipper.trainable_parameters()
+        return sum((params[name] * grad).sum() for name, grad in private.items())
 
     def slice_multipliers(self, inputs: tuple[Tensor, ...], losses_z: Tensor, norms: Tensor) -> dict[str, float]:
         """``sigma_bar`` of each slice for this batch (see the class docstring); identical on every DDP rank."""

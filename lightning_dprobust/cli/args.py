@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from lightning_dprobust.callbacks.guard import check_finite
-from lightning_dprobust.cli.loading import load_classifier
+from lightning_dprobust.cli.loading import load_classifier, load_denoised_classifier
 from lightning_dprobust.data import DATAMODULES
 
 
@@ -151,20 +151,22 @@ def labels(sources: Sequence[str]) -> list[str]:
     return labels
 
 
-def load_models(sources: Sequence[str], device: torch.device) -> dict[str, nn.Module]:
-    """All models by label, loaded before any evaluation starts so a bad ``--ckpt`` (missing, unsafe, or with
-    non-finite weights) fails fast."""
+def load_models(sources: Sequence[str], device: torch.device, denoiser: str | None = None) -> dict[str, nn.Module]:
+    """All models by label (each behind ``denoiser``'s denoiser when given), loaded before any evaluation starts so a
+    bad ``--ckpt`` or ``--denoiser`` (missing, unsafe, or with non-finite weights) fails fast."""
     from lightning_dprobust.zoo.catalog import ZooError
 
+    flags = "--ckpt" if denoiser is None else "--ckpt / --denoiser"
     models = {}
     for label, source in zip(labels(sources), sources, strict=True):
         try:
-            models[label] = load_classifier(source).to(device)
-            check_finite(models[label], f"--ckpt {source}")
+            model = load_classifier(source) if denoiser is None else load_denoised_classifier(source, denoiser)
+            models[label] = model.to(device)
+            check_finite(models[label], f"{flags} {source}")
         except FileNotFoundError as error:
-            raise FileNotFoundError(f"--ckpt: {error}") from error
+            raise FileNotFoundError(f"{flags}: {error}") from error
         except ZooError as error:
-            raise ValueError(f"--ckpt {source!r} is not a usable zoo entry or checkpoint file: {error}") from error
+            raise ValueError(f"{flags} {source!r} is not a usable zoo entry or checkpoint file: {error}") from error
     return models
 
 

@@ -37,6 +37,12 @@ def _certify_parser() -> CommandParser:
     add("--n", type=int, default=100_000, help="estimation draws per example (default: 100000)")
     add("--alpha", type=float, default=0.001, help="failure probability (default: 0.001)")
     add("--skip", type=int, default=1, help="certify every skip-th example (default: 1)")
+    add(
+        "--denoiser",
+        default=None,
+        metavar="PATH_OR_ZOO_NAME",
+        help="certify each --ckpt classifier behind this denoiser: a TransDenoiser .ckpt or a zoo denoiser entry",
+    )
     add("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar")
     return parser
 
@@ -53,13 +59,16 @@ def _check_certify(args: argparse.Namespace) -> None:
 def certify_command(argv: Sequence[str]) -> None:
     """``dprobust certify``: CERTIFY of Cohen et al. (2019, https://arxiv.org/abs/1902.02918) on each ``--ckpt``.
 
+    With ``--denoiser`` each ``--ckpt`` classifier ``h`` is certified as ``h(g(x))`` behind that denoiser ``g``
+    (TransDenoiser, Tang 2021, thesis chapter 6).
+
     Writes ``<out>/<label>/certify.csv`` and ``<out>/<label>/summary.md`` per checkpoint and one
     ``<out>/certified_accuracy.png`` with every checkpoint's curve, prints the summary table and the paths, and logs
     the summary and the plot to W&B (offline unless ``WANDB_MODE`` says otherwise) unless ``--no-wandb``.
     """
     args = _certify_parser().parse_args(argv)
     _check_certify(args)
-    models = load_models(args.ckpt, resolve_device(args.device))
+    models = load_models(args.ckpt, resolve_device(args.device), args.denoiser)
     dataset, num_classes = load_split(args)
     check_models_fit(models, dataset, num_classes, args.data)
     out, curves, summaries, written = Path(args.out), {}, {}, []

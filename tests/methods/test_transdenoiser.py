@@ -17,7 +17,10 @@ from lightning_dprobust.core.smoothing import Smooth
 from lightning_dprobust.methods import TransDenoiser
 from tests.helpers import digits, quiet_trainer
 
-pytestmark = pytest.mark.filterwarnings("ignore:noise seed")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:noise seed"),
+    pytest.mark.filterwarnings("ignore:.*reproducibility mode"),
+]
 TINY = {"width": 16, "depth": 3, "groups": 4}
 
 
@@ -51,7 +54,7 @@ class Recorder(Callback):
 
 
 def fit(tmp_path, module, mode: str | None, recorder: Callback | None = None, **trainer_kwargs):
-    callbacks = [] if mode is None else [TransDenoiserCallback(mode=mode, delta=1e-5, noise_seed=4)]
+    callbacks = [] if mode is None else [TransDenoiserCallback(mode=mode, delta=1e-5, seed=4)]
     trainer = quiet_trainer(tmp_path, callbacks=callbacks + ([recorder] if recorder else []), **trainer_kwargs)
     trainer.fit(module, digits(batch_size=64))
     return trainer, (callbacks[0] if callbacks else None)
@@ -129,7 +132,7 @@ def test_sepdp_noise_is_at_least_transdenoisers_at_every_step(tmp_path):
 
 def _ready_callback(tmp_path, **kwargs) -> tuple[TransDenoiserCallback, TransDenoiser]:
     module = denoiser()
-    dp = TransDenoiserCallback(delta=1e-5, noise_seed=4, **kwargs)
+    dp = TransDenoiserCallback(delta=1e-5, seed=4, **kwargs)
     fit_trainer = quiet_trainer(tmp_path, callbacks=[dp], max_steps=1)
     fit_trainer.fit(module, digits(batch_size=64))
     return dp, module
@@ -155,6 +158,19 @@ def test_rank_guard_falls_back_to_xi_up_with_a_warning(tmp_path):
     assert multipliers["first"] == 2.0
 
 
+def test_the_gradient_noise_comes_from_the_dp_randomness(tmp_path):
+    """Same input noise and data order: the same ``seed`` gives the same denoiser, another seed another one."""
+    trained = []
+    for run, seed in enumerate((4, 4, 5)):
+        module = denoiser()
+        trainer = quiet_trainer(
+            tmp_path / str(run), callbacks=[TransDenoiserCallback(delta=1e-5, seed=seed)], max_steps=2
+        )
+        trainer.fit(module, digits(batch_size=64))
+        trained.append(checksum(module.denoiser))
+    assert trained[0] == trained[1] != trained[2]
+
+
 def test_each_slice_gets_noise_of_its_own_std():
     grads = {"a": torch.zeros(20000), "b": torch.zeros(100, 100)}
     noisy = add_slice_noise(grads, {"s1": ["a"], "s2": ["b"]}, {"s1": 2.0, "s2": 0.5}, torch.Generator().manual_seed(0))
@@ -176,6 +192,8 @@ def test_certify_smooths_classifier_of_denoiser():
         ({"xi_up": 1.0, "xi_low": 2.0}, "xi_low"),
         ({"xi_up": -1.0}, "xi_up"),
         ({"transform_slices": ("first", "bottom")}, "unknown slices"),
+        ({"engine": "ghost"}, "engine"),
+        ({"clipping": "psac"}, "clipping"),
     ],
 )
 def test_bad_callback_arguments_are_refused(tmp_path, kwargs, match):
@@ -253,7 +271,7 @@ def test_dprobust_fit_of_the_digits_config_logs_to_wandb_and_prints_epsilon(tmp_
     ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "TransDenoiserCallback(transdenoiser): epsilon = " in result.stdout + result.stderr
+    assert "DPCallback: final epsilon=" in result.stdout + result.stderr
     (run_file,) = tmp_path.glob("runs/transdenoiser-digits/wandb/offline-run-*/run-*.wandb")
     rows = read_wandb_history(run_file)
     epsilons = [row["privacy/epsilon"] for row in rows if "privacy/epsilon" in row]

@@ -29,10 +29,11 @@ class Recorder(L.Callback):
 
 def main(out_dir: Path, devices: int, batch_size: int) -> None:
     warnings.filterwarnings("ignore", message="noise seed")
+    warnings.filterwarnings("ignore", message=".*reproducibility mode")
     L.seed_everything(0)
     torch.set_num_threads(1)
     dp = TransDenoiserCallback(
-        mode="transdenoiser", xi_up=2.0, target_epsilon=1.0, delta=1e-5, noise_seed=7, transform_slices=("last",)
+        mode="transdenoiser", xi_up=2.0, target_epsilon=1.0, delta=1e-5, seed=7, transform_slices=("last",)
     )
 
     recorder = Recorder(dp)

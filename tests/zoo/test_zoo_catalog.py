@@ -21,6 +21,7 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, DEFAULT_RDP_ORDERS
 from lightning_dprobust.models import create_model, list_models
 from lightning_dprobust.models.timm_models import is_timm_model
+from lightning_dprobust.recipes import Recipe
 from lightning_dprobust.zoo import Zoo
 from lightning_dprobust.zoo.build import recipe_config
 
@@ -237,7 +238,7 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
     privacy = entry["meta"]["privacy"]
     assert (config.get("dp") is not None) == (privacy is not None)
     if privacy is not None:
-        args = config["dp"]
+        args = Recipe(config).dp
         assert privacy["delta"] == args["delta"] and privacy["max_grad_norm"] == args["max_grad_norm"]
         assert privacy["accountant"] == args.get("accountant", DEFAULT_ACCOUNTANT)
         if args.get("noise_multiplier", args.get("xi_up")) is not None:  # TransDenoiser records xi_up per step

@@ -54,7 +54,6 @@ from lightning_dprobust.zoo.catalog import (
     NotShippedError,
     UnknownEntryError,
     UnsafeCheckpointError,
-    ZooError,
     catalog_error,
 )
 
@@ -330,15 +329,8 @@ def load(name: str) -> nn.Module:
 
 
 __all__ = [
-    "ChecksumError",
-    "CatalogError",
-    "DownloadError",
-    "Entry",
-    "NotShippedError",
-    "UnknownEntryError",
-    "UnsafeCheckpointError",
+    "ZOO_DIR",
     "Zoo",
-    "ZooError",
     "download",
     "fit_state_dict",
     "info",

@@ -60,27 +60,27 @@ def test_members_have_their_own_initialization_and_noise():
     assert not torch.equal(rp(x), rp(x))
 
 
-def test_cli_fit_checkpoint_reloads_and_resume_keeps_nominal_ledger(tmp_path):
-    run = tmp_path / "run"
-    args = [
-        "fit",
-        "--config",
-        str(ROOT / "configs/residual/digits.yaml"),
-        "--trainer.max_epochs",
-        "1",
+def short_fit(run: Path, train_batches: int, val_batches: int, **model_args) -> list[str]:
+    """``dprobust fit`` of the digits residual config for one short epoch into ``run``, an En2 ensemble; the epoch
+    count is argument 4, so a resume can replace it."""
+    args = ["fit", "--config", str(ROOT / "configs/residual/digits.yaml"), "--trainer.max_epochs", "1"]
+    args += [
         "--trainer.logger",
         "false",
         "--trainer.default_root_dir",
         str(run),
-        "--trainer.limit_train_batches",
-        "3",
-        "--trainer.limit_val_batches",
-        "1",
-        "--model.init_args.ensemble_size",
-        "2",
         "--trainer.enable_progress_bar",
         "false",
     ]
+    args += ["--trainer.limit_train_batches", str(train_batches), "--trainer.limit_val_batches", str(val_batches)]
+    for key, value in {"ensemble_size": 2, **model_args}.items():
+        args += [f"--model.init_args.{key}", str(value)]
+    return args
+
+
+def test_cli_fit_checkpoint_reloads_and_resume_keeps_nominal_ledger(tmp_path):
+    run = tmp_path / "run"
+    args = short_fit(run, train_batches=3, val_batches=1)
     assert dprobust(args) == 0
     ckpt = next(run.rglob("last.ckpt"))
     checkpoint = torch.load(ckpt, weights_only=True)
@@ -143,27 +143,7 @@ def test_bad_arguments_refused_in_one_line(kwargs, message):
 @pytest.mark.slow
 def test_dprobust_audit_runs_on_an_ensemble_checkpoint_with_shadows_like_it(tmp_path):
     run = tmp_path / "run"
-    fit = [
-        "fit",
-        "--config",
-        str(ROOT / "configs/residual/digits.yaml"),
-        "--trainer.max_epochs",
-        "1",
-        "--trainer.logger",
-        "false",
-        "--trainer.default_root_dir",
-        str(run),
-        "--trainer.limit_train_batches",
-        "2",
-        "--trainer.limit_val_batches",
-        "0",
-        "--model.init_args.ensemble_size",
-        "2",
-        "--model.init_args.gamma",
-        "0.6",
-        "--trainer.enable_progress_bar",
-        "false",
-    ]
+    fit = short_fit(run, train_batches=2, val_batches=0, gamma=0.6)
     assert dprobust(fit) == 0
     ckpt = next(run.rglob("last.ckpt"))
     recipe = Recipe.from_module(load_classifier(str(ckpt)), DigitsDataModule(), 128, 1).config["model"]["init_args"]
@@ -190,8 +170,7 @@ def test_dprobust_audit_runs_on_an_ensemble_checkpoint_with_shadows_like_it(tmp_
 
 @pytest.mark.slow
 def test_cli_fit_logs_the_nominal_epsilon_to_wandb(tmp_path):
-    from tests.test_cli import dprobust as run_dprobust
-
+    from tests.cli.test_main import dprobust as run_dprobust
     from tests.helpers import read_wandb_history
 
     result = run_dprobust(

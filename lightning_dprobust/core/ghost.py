@@ -22,8 +22,11 @@ Assumptions, checked where possible:
     * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
     The first call compares this engine's per-example norms with the vmap engine's on a few examples (in eval
     mode, so that dropout cannot differ) and refuses to continue (or falls back to vmap) on a mismatch.
-Parameters without a rule (a module owning parameters and sub-layers with parameters) are handled by the vmap
-engine, restricted to those parameters; their per-example gradients enter the same norms.
+Parameters without a rule (a module owning parameters and sub-layers with parameters, parameters tied between
+modules) are handled by the vmap engine, restricted to those parameters; their per-example gradients enter the same
+norms. At every step, the autograd graph of the losses is checked (``core/ghost_graph.py``) for a rule's parameter
+that gets gradient outside its layer's captured calls (a weight penalty in the loss, a weight used without calling
+its layer); such a rule's parameters move to the vmap engine before any norm is computed, so the result stays exact.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
+from lightning_dprobust.core.ghost_graph import sequence_marker, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
     Conv2dRule,
@@ -83,14 +87,23 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
 
 
 def plan_rules(module: nn.Module) -> tuple[list[LayerRule], list[str]]:
-    """Per-layer rules covering ``module``'s trainable parameters, and the names of those left to the vmap engine."""
+    """Per-layer rules covering ``module``'s trainable parameters, and the names of those left to the vmap engine.
+
+    A parameter owned by several modules (tied weights) gets no rule: its gradient is the sum over its owners' calls,
+    whose norm no single layer rule can compute; its owners' parameters all go to the vmap engine.
+    """
+    owners: dict[int, int] = {}
+    for sub in module.modules():
+        for p in sub.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
     rules, leftover = [], []
     for prefix, sub in module.named_modules():
         names = {local: f"{prefix}.{local}" if prefix else local for local, p in sub.named_parameters(recurse=False)}
         names = {local: full for local, full in names.items() if getattr(sub, local).requires_grad}
         if not names:
             continue
-        rule = _rule_for(sub, names)
+        shared = any(owners[id(getattr(sub, local))] > 1 for local in names)
+        rule = None if shared else _rule_for(sub, names)
         if rule is None:
             leftover.extend(names.values())
         else:
@@ -102,12 +115,21 @@ def _capture(rule: LayerRule, tensor: Tensor, differentiated: Tensor) -> None:
     if not differentiated.requires_grad:
         raise RuntimeError("the ghost engine needs gradients enabled in the forward pass of the per-example loss")
     edge = get_gradient_edge(differentiated)
-    rule.calls.append(Capture(tensor.detach(), tensor._version, edge, differentiated.shape))
+    rule.calls.append(Capture(tensor.detach(), tensor._version, edge, differentiated.shape, rule.start))
 
 
-def _hook(rule: LayerRule):
+def _mark(rule: LayerRule) -> None:
+    rule.start = sequence_marker()
+
+
+def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
+    """``(module, is_pre_hook, hook)``: where a call of the rule starts (a sequence marker) and where it is captured."""
     if isinstance(rule, TokenRule):
-        return rule.module.pos_drop, lambda mod, args, kwargs, out: _capture(rule, args[0], args[0])
+        vit = rule.module
+        return [
+            (vit.patch_embed, False, lambda *_: _mark(rule)),
+            (vit.pos_drop, False, lambda mod, args, kwargs, out: _capture(rule, args[0], args[0])),
+        ]
 
     def capture_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
         if kwargs or len(args) != 1 or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
@@ -117,7 +139,7 @@ def _hook(rule: LayerRule):
             )
         _capture(rule, args[0], out)
 
-    return rule.module, capture_call
+    return [(rule.module, True, lambda *_: _mark(rule)), (rule.module, False, capture_call)]
 
 
 class GhostClipper:
@@ -147,18 +169,35 @@ class GhostClipper:
         self.max_physical_batch_size = max_physical_batch_size
         self.on_mismatch = on_mismatch
         self.rules, self.fallback_names = plan_rules(module)
-        self._fallback = (
-            PerExampleClipper(
-                module, loss_method, max_grad_norm, clipping=clipping, parameter_names=self.fallback_names
-            )
-            if self.fallback_names
-            else None
-        )
+        self._fallback = self._fallback_clipper()
         self._verified = False
         self._use_reference = False
 
     def trainable_parameters(self) -> dict[str, Tensor]:
         return self.reference.trainable_parameters()
+
+    def _fallback_clipper(self) -> PerExampleClipper | None:
+        """The vmap engine restricted to the parameters without a rule (``None`` when every parameter has one)."""
+        if not self.fallback_names:
+            return None
+        names = self.fallback_names
+        return PerExampleClipper(
+            self.module, self.loss_method, self.max_grad_norm, clipping=self.clipping, parameter_names=names
+        )
+
+    def _to_fallback(self, stray: list[LayerRule]) -> None:
+        """Hand the parameters of ``stray`` rules (used outside their layer calls) to the vmap engine, for good."""
+        names = [name for rule in stray for name in rule.names.values()]
+        log.warning(
+            "ghost engine: %s get gradient outside their layers' calls (e.g. a penalty on the weights in the loss); "
+            "their per-example gradients now come from the vmap engine",
+            names,
+        )
+        for rule in stray:
+            rule.calls = []
+        self.rules = [rule for rule in self.rules if all(rule is not s for s in stray)]
+        self.fallback_names = self.fallback_names + names
+        self._fallback = self._fallback_clipper()
 
     def describe(self) -> str:
         """One line: how many parameter tensors each rule covers and which ones fall back to vmap."""
@@ -216,6 +255,9 @@ class GhostClipper:
             losses = getattr(self.module, self.loss_method)(*part)
         if losses.shape != (part[0].shape[0],):
             raise ValueError(f"{self.loss_method} must return one loss per example, got shape {tuple(losses.shape)}")
+        stray = stray_rules(losses, self.rules)
+        if stray:
+            self._to_fallback(stray)
         calls = [call for rule in self.rules for call in rule.calls]
         edges = [call.edge for call in calls]
         grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True) if calls else []
@@ -233,8 +275,9 @@ class GhostClipper:
         handles = []
         try:
             for rule in self.rules:
-                target, hook = _hook(rule)
-                handles.append(target.register_forward_hook(hook, with_kwargs=True))
+                for target, pre, hook in _hooks_for(rule):
+                    register = target.register_forward_pre_hook if pre else target.register_forward_hook
+                    handles.append(register(hook, with_kwargs=True))
             yield
         finally:
             for handle in handles:

@@ -30,12 +30,17 @@ from torch.func import functional_call, vjp, vmap
 
 @dataclass
 class Capture:
-    """One call of a layer: its input (or the tensor a rule differentiates at), the output edge and its gradient."""
+    """One call of a layer: its input (or the tensor a rule differentiates at), the output edge and its gradient.
+
+    ``start`` is an autograd sequence number taken just before the call (``core/ghost_graph.py``): the nodes the call
+    created are those numbered in ``(start, edge.node's number]``.
+    """
 
     inputs: Tensor
     version: int
     edge: object
     shape: torch.Size
+    start: int = -1
     grad: Tensor | None = None
 
 
@@ -56,6 +61,7 @@ class LayerRule:
     module: nn.Module
     names: dict[str, str]
     calls: list[Capture] = field(default_factory=list)
+    start: int = -1
 
     def tensors(self) -> dict[str, Tensor]:
         """Local parameter name -> parameter, for the trainable parameters this rule covers."""
@@ -235,6 +241,7 @@ class TokenRule(LayerRule):
             and vit.pos_embed is not None
             and not getattr(vit, "dynamic_img_size", True)
             and isinstance(getattr(vit, "pos_drop", None), nn.Module)
+            and isinstance(getattr(vit, "patch_embed", None), nn.Module)
         )
 
     def _per_example(self, examples: int) -> dict[str, Tensor]:

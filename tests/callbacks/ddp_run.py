@@ -1,8 +1,8 @@
 """Runs DP-SGD on digits under Lightning DDP (gloo, CPU) and saves each rank's parameters and accounting.
 
-Usage: ``python tests/callbacks/ddp_run.py OUT_DIR DEVICES BATCH_SIZE_PER_DEVICE [zero]`` (launched by
-test_ddp.py). With ``zero`` every example's loss is constant, so the averaged gradient is pure noise and its
-scale shows how many times noise was added.
+Usage: ``python tests/callbacks/ddp_run.py OUT_DIR DEVICES BATCH_SIZE_PER_DEVICE ENGINE [zero]`` (launched by
+test_ddp.py; ENGINE is DPCallback's ``engine``). With ``zero`` every example's loss is constant, so the averaged
+gradient is pure noise and its scale shows how many times noise was added.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from lightning_dprobust.methods import DPSGD
 from tests.helpers import GradientRecorder, ZeroGradient, quiet_trainer
 
 
-def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> None:
+def main(out_dir: Path, devices: int, batch_size: int, engine: str, zero_gradient: bool) -> None:
     L.seed_everything(0)
     torch.set_num_threads(1)
-    callback = DPCallback(max_grad_norm=1.0, noise_multiplier=1.2, delta=1e-5)
+    callback = DPCallback(max_grad_norm=1.0, noise_multiplier=1.2, delta=1e-5, engine=engine)
     recorder = GradientRecorder()
     trainer = quiet_trainer(
         out_dir,
@@ -47,10 +47,11 @@ def main(out_dir: Path, devices: int, batch_size: int, zero_gradient: bool) -> N
         "sample_rate": callback.loaders.sample_rate,
         "steps": trainer.global_step,
         "world_size": trainer.world_size,
+        "clipper": type(callback._clipper).__name__,
         "first_epoch_batches": list(sampler),
     }
     torch.save(state, out_dir / f"rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["zero"])
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["zero"])

@@ -18,6 +18,8 @@ from lightning_dprobust.core.accounting import PrivacyLedger
 from lightning_dprobust.methods import DPSGD
 from tests.helpers import GradientRecorder, ZeroGradient, digits, quiet_trainer
 
+pytestmark = pytest.mark.usefixtures("dp_engine")  # each test on both engines (conftest.py)
+
 N_TRAIN = 1293
 
 

@@ -11,6 +11,8 @@ from lightning_dprobust.core.accounting import PrivacyLedger
 from lightning_dprobust.methods import DPSGD
 from tests.helpers import digits, quiet_trainer
 
+pytestmark = pytest.mark.usefixtures("dp_engine")  # each test on both engines (conftest.py)
+
 
 def _dpsgd() -> DPSGD:
     torch.manual_seed(0)

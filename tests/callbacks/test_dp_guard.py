@@ -10,6 +10,8 @@ from lightning_dprobust.callbacks.dp_guard import PrivateStepBypassed, PrivateSt
 from lightning_dprobust.methods import DPSGD
 from tests.helpers import digits, quiet_trainer
 
+pytestmark = pytest.mark.usefixtures("dp_engine")  # each test on both engines (conftest.py)
+
 
 class SkipsPrivateStep(DPSGD):
     """Returns the plain batch loss: no clipping, no noise."""

@@ -12,6 +12,8 @@ from lightning_dprobust.zoo.build import privacy_record, save_weights
 from tests.crash_helpers import batch_fingerprint
 from tests.helpers import GradientRecorder, ZeroGradient, digits, quiet_trainer
 
+pytestmark = pytest.mark.usefixtures("dp_engine")  # each test on both engines (conftest.py)
+
 STEPS_PER_EPOCH = 5  # batch 256 of the 1,293 training digits
 
 

@@ -2,6 +2,8 @@
 
 * :func:`checkpoint_membership_audit`: the attacks of :mod:`lightning_dprobust.audit.membership` on a trained
   classifier whose members are its data module's train split; shadow models follow a :class:`Recipe`.
+* :func:`checkpoint_salem_audit`: the residual-perturbation paper's protocol (:mod:`lightning_dprobust.audit.salem`)
+  on such a classifier, its one shadow model following the :class:`Recipe`.
 * :func:`canary_audit`: Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run"
   (https://arxiv.org/abs/2305.08846): mislabeled canaries, each included with probability 1/2, ONE training run with
   the real pipeline (the recipe's :class:`~lightning_dprobust.callbacks.DPCallback` and LightningModule through a
@@ -22,6 +24,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorD
 from lightning_dprobust.audit.canaries import OneRunAudit, audit_guesses, choose_canaries
 from lightning_dprobust.audit.membership import ATTACKS, MembershipReport, membership_audit, model_outputs
 from lightning_dprobust.audit.roc import RocMetrics, roc_metrics
+from lightning_dprobust.audit.salem import SalemReport, SalemSplit, salem_checkpoint_audit
 from lightning_dprobust.data.base import ImageDataModule
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.recipes import Recipe, fit_on_dataset, recipe_from_config
@@ -116,6 +119,19 @@ def checkpoint_membership_audit(
     members, nonmembers = np.arange(len(train)), np.arange(len(train), len(dataset))
     trainer = RecipeTrainer(recipe, dataset, device) if recipe is not None else None
     return membership_audit(model, dataset, members, nonmembers, trainer, num_shadows, attacks, seed, device)
+
+
+def checkpoint_salem_audit(
+    model: torch.nn.Module, datamodule: ImageDataModule, recipe: Recipe, seed: int = 0, device: str = "cpu"
+) -> tuple[SalemReport, SalemSplit]:
+    """The Salem et al. protocol of the residual-perturbation paper on ``model``, trained on ``datamodule``'s train
+    split (members; validation and test splits: non-members); its shadow model trains like ``recipe`` (see
+    :func:`~lightning_dprobust.audit.salem.salem_checkpoint_audit` for the split)."""
+    train, held_out = audit_splits(datamodule)
+    dataset = ConcatDataset([train, *held_out])
+    members, nonmembers = np.arange(len(train)), np.arange(len(train), len(dataset))
+    trainer = RecipeTrainer(recipe, dataset, device)
+    return salem_checkpoint_audit(model, dataset, members, nonmembers, trainer, seed, device)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ Protocol:
 3. the target trains on ``D_target^in``; the MLP's member probability on all of ``D_target`` gives the AUC, and
    precision and recall at each decision threshold (default 0.5, 0.6, 0.7, 0.8).
 
+:func:`salem_audit` runs the whole protocol (it trains the target too); :func:`salem_checkpoint_audit` runs it on a
+target that is already trained (a checkpoint, e.g. ``dprobust audit --ckpt ... --attack salem``).
+
 The features and ROC metrics are those of :mod:`lightning_dprobust.audit.membership` and
 :mod:`lightning_dprobust.audit.roc`. The MLP trains on its own generator, so the audit never touches the
 global random state.
@@ -26,8 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import Dataset, Subset
 
-from lightning_dprobust.audit.membership import top_k_features
+from lightning_dprobust.audit.membership import model_outputs, split_for_audit, top_k_features
 from lightning_dprobust.audit.roc import RocMetrics, roc_metrics
 
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8)
@@ -157,4 +161,50 @@ def salem_audit(
     shadow, target = train_fn(split.shadow_in), train_fn(split.target_in)
     shadow_logits = (predict(shadow, split.shadow_in), predict(shadow, split.shadow_out))
     target_logits = (predict(target, split.target_in), predict(target, split.target_out))
+    return salem_attack(shadow_logits, target_logits, seed=seed, **kwargs), split
+
+
+def salem_checkpoint_audit(
+    target: nn.Module,
+    dataset: Dataset,
+    members: np.ndarray,
+    nonmembers: np.ndarray,
+    train_fn: Callable[[np.ndarray], nn.Module],
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    **kwargs: float,
+) -> tuple[SalemReport, SalemSplit]:
+    """The protocol on a ``target`` already trained on ``members`` of ``dataset`` (a checkpoint).
+
+    ``D_target`` is ``n = min(#non-members, #members // 2)`` random members (``target_in``) and as many non-members
+    (``target_out``), chosen by :func:`~lightning_dprobust.audit.membership.split_for_audit`; the remaining examples,
+    none of them evaluated, are shuffled and halved into ``shadow_in`` and ``shadow_out``. One shadow model is
+    trained by ``train_fn`` (the target's recipe) on ``shadow_in`` only; every model is queried once per example in
+    eval mode, so a residual-perturbation network (and each member of an ensemble) keeps its noise on.
+
+    Differences from :func:`salem_audit`: the target's training set is the checkpoint's (not a quarter of the data),
+    so the shadow model's training set is as large as half of what is left, not as large as the target's.
+
+    Args:
+        target: the trained model (inputs to logits).
+        dataset: every example: the members, the non-members and the data left for the shadow model.
+        members: indices of the target's training examples; ``nonmembers``: indices it never saw.
+        train_fn: trains a fresh model like the target on the given indices.
+        seed: seed of the split, of the shadow halves and of the attack MLP.
+        device: where the models run for inference.
+        **kwargs: ``thresholds`` and :func:`train_attack_mlp` arguments.
+    """
+    evaluated = split_for_audit(members, nonmembers, seed)
+    pool = np.random.default_rng(seed).permutation(evaluated.shadow_pool)
+    half = len(pool) // 2
+    if half < 1:
+        raise ValueError(f"no data left for the shadow model: {len(members)} members and {len(nonmembers)} non-members")
+    split = SalemSplit(np.sort(pool[:half]), np.sort(pool[half : 2 * half]), evaluated.members, evaluated.nonmembers)
+    shadow = train_fn(split.shadow_in)
+
+    def logits(model: nn.Module, indices: np.ndarray) -> Tensor:
+        return model_outputs(model, Subset(dataset, indices.tolist()), device=device)[0]
+
+    shadow_logits = (logits(shadow, split.shadow_in), logits(shadow, split.shadow_out))
+    target_logits = (logits(target, split.target_in), logits(target, split.target_out))
     return salem_attack(shadow_logits, target_logits, seed=seed, **kwargs), split

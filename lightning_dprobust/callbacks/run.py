@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_dprobust.core.accounting import epsilon_for
+from lightning_dprobust.core.accounting import PrivacyLedger, epsilon_for
 
 VALIDATION_METRIC = "val/acc"
 """The validation metric the end-of-fit summary reports the best value of."""
@@ -101,9 +101,14 @@ class BestValidation(Callback):
 
 
 def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
-    """One line: epsilon, delta, accountant and steps (or ``no DP``) and the best validation metric."""
+    """One line: epsilon, delta, accountant and steps (or ``no DP``) and the best validation metric.
+
+    Without ``DPCallback``, a module whose own ``ledger`` holds nominal claims (residual perturbation) is reported as
+    ``no DP guarantee; nominal epsilon X at delta D (source)``, never with a DP epsilon."""
     if dp is None:
-        privacy = "no DP (epsilon = inf)"
+        ledger = getattr(trainer.lightning_module, "ledger", None)
+        nominal = ledger.nominal_summary() if isinstance(ledger, PrivacyLedger) else None
+        privacy = nominal or "no DP (epsilon = inf)"
     else:
         privacy = (
             f"epsilon {dp.epsilon():.4g} at delta {dp.delta:.3g} ({dp.accountant} accountant), {dp.ledger.steps} steps"

@@ -4,7 +4,9 @@ Two modes, chosen by the flags:
 
 * ``dprobust audit --ckpt PATH_OR_ZOO [--data digits]``: the loss, shadow-model and offline LiRA attacks
   (:mod:`lightning_dprobust.audit.membership`); members are the data module's train split for ``--split-seed``,
-  non-members its validation and test splits.
+  non-members its validation and test splits. ``--attack salem`` runs the residual-perturbation paper's protocol
+  (:func:`lightning_dprobust.audit.salem.salem_checkpoint_audit`: one shadow model, a k-64-2 attack MLP, precision
+  and recall at its thresholds) on the same members and non-members.
 * ``dprobust audit --config CONFIG --canaries M [--epochs N] [--no-dp]``: the one-run audit of Steinke et al. 2023
   (:func:`lightning_dprobust.audit.runner.canary_audit`): prints the claimed epsilon and the empirical lower bound.
 * ``dprobust audit --config CONFIG --white-box [--gradient-canaries M] [--canaries M]``: the white-box one-run audit
@@ -23,13 +25,23 @@ from pathlib import Path
 
 from lightning_dprobust.audit.membership import ATTACKS, MembershipReport
 from lightning_dprobust.audit.roc import LOW_FPRS, low_fpr_note, plot_roc
-from lightning_dprobust.audit.runner import CanaryReport, canary_audit, checkpoint_membership_audit, zoo_recipe
+from lightning_dprobust.audit.runner import (
+    CanaryReport,
+    canary_audit,
+    checkpoint_membership_audit,
+    checkpoint_salem_audit,
+    zoo_recipe,
+)
+from lightning_dprobust.audit.salem import SalemReport, SalemSplit
 from lightning_dprobust.audit.white_box import WhiteBoxReport, white_box_audit
 from lightning_dprobust.cli.args import CommandParser, add_output_flags, check_out, resolve_device
 from lightning_dprobust.data import DATAMODULES
 from lightning_dprobust.recipes import Recipe, load_recipe
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
 from lightning_dprobust.zoo.catalog import ZooError
+
+SALEM = "salem"
+"""The ``--attack`` name of the Salem et al. protocol of the residual-perturbation paper."""
 
 
 def _parser() -> CommandParser:
@@ -51,8 +63,14 @@ def _parser() -> CommandParser:
         help="--ckpt mode: dataset folder (default: $DPROBUST_DATA/<data>)",
     )
     add("--split-seed", type=int, default=0, help="--ckpt mode: the data module seed it was trained with (default 0)")
-    add("--shadows", type=int, default=8, help="--ckpt mode: shadow models to train (default: 8)")
-    add("--attack", action="append", choices=ATTACKS, help="--ckpt mode: attack to run; repeat (default: all)")
+    add("--shadows", type=int, default=8, help="--ckpt mode: shadow models of shadow, lira (default: 8; salem: one)")
+    add(
+        "--attack",
+        action="append",
+        choices=(*ATTACKS, SALEM),
+        help="--ckpt mode: attack to run; repeat (default: loss, shadow, lira; salem: the residual-perturbation "
+        "paper's shadow-model protocol)",
+    )
     add("--batch-size", type=int, default=256, help="--ckpt mode without --config: shadow batch size (default: 256)")
     add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt_path)")
     add("--canaries", type=int, help="one-run audit with this many canaries (needs --config)")
@@ -237,6 +255,21 @@ def _shadow_recipe(args: argparse.Namespace, model: object, datamodule: object) 
         ) from error
 
 
+def format_salem_report(report: SalemReport, split: SalemSplit) -> str:
+    """Markdown: the protocol's AUC row, its precision and recall at each threshold, and how it was run."""
+    roc = report.roc
+    header = ["attack", "AUC", "balanced acc", *(f"TPR@{100 * fpr:g}%FPR" for fpr in LOW_FPRS)]
+    row = [SALEM, f"{roc.auc:.4f}", f"{roc.balanced_accuracy:.4f}", *(f"{roc.tpr_at_low_fpr[f]:.4f}" for f in LOW_FPRS)]
+    thresholds = [[f"{t:g}", f"{report.precision[t]:.4f}", f"{report.recall[t]:.4f}"] for t in report.precision]
+    return (
+        f"{markdown_table(header, [row])}\n\n{markdown_table(['threshold', 'precision', 'recall'], thresholds)}\n\n"
+        f"Salem et al. 2019 protocol of Tao et al. (section 4.1): D_target is {len(split.target_in)} members vs "
+        f"{len(split.target_out)} non-members; one shadow model trained like the target on {len(split.shadow_in)} "
+        f"examples, {len(split.shadow_out)} held out; top-k sorted probabilities, a k-64-2 MLP (50 epochs of Adam, lr "
+        f"0.1); one noisy query per example. {low_fpr_note(roc.num_nonmembers)}."
+    )
+
+
 def _membership_mode(args: argparse.Namespace, device: str) -> None:
     from lightning_dprobust.cli.loading import load_classifier
 
@@ -246,16 +279,25 @@ def _membership_mode(args: argparse.Namespace, device: str) -> None:
     except ZooError as error:
         raise ValueError(f"--ckpt {args.ckpt!r} is not a usable zoo entry or checkpoint file: {error}") from error
     datamodule = DATAMODULES[args.data](data_dir=args.data_dir, seed=args.split_seed)
-    recipe = _shadow_recipe(args, model, datamodule) if {"shadow", "lira"} & set(attacks) else None
-    report = checkpoint_membership_audit(model, datamodule, recipe, args.shadows, attacks, args.seed or 0, device)
-    summary = format_membership_report(report)
+    recipe = _shadow_recipe(args, model, datamodule) if {"shadow", "lira", SALEM} & set(attacks) else None
+    summaries, curves, metrics = [], {}, {}
+    standard = tuple(name for name in attacks if name != SALEM)
+    if standard:
+        report = checkpoint_membership_audit(model, datamodule, recipe, args.shadows, standard, args.seed or 0, device)
+        summaries.append(format_membership_report(report))
+        curves |= report.metrics
+    if SALEM in attacks:
+        salem, split = checkpoint_salem_audit(model, datamodule, recipe, args.seed or 0, device)
+        summaries.append(format_salem_report(salem, split))
+        curves[SALEM] = salem.roc
+        metrics |= {f"membership/{SALEM}/precision@{t:g}": value for t, value in salem.precision.items()}
+        metrics |= {f"membership/{SALEM}/recall@{t:g}": value for t, value in salem.recall.items()}
+    summary = "\n\n".join(summaries)
     print(f"\n{args.ckpt} on {args.data}:\n\n{summary}")
     out = Path(args.out)
     title = Path(args.ckpt).stem if Path(args.ckpt).suffix == ".ckpt" else args.ckpt
-    plot = plot_roc(report.metrics, out / "roc.png", title=title)
-    metrics = {
-        f"membership/{name}/{key}": value for name, m in report.metrics.items() for key, value in m.summary().items()
-    }
+    plot = plot_roc(curves, out / "roc.png", title=title)
+    metrics |= {f"membership/{name}/{key}": value for name, m in curves.items() for key, value in m.summary().items()}
     _finish(args, out, summary, metrics, {"roc": plot})
 
 

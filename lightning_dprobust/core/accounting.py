@@ -81,8 +81,9 @@ class NominalEvent:
     """A privacy claim from a heuristic proof (``source`` names it): recorded and reported, never composed.
 
     A nominal epsilon rests on assumptions the mechanism does not enforce (e.g. residual perturbation's Theorem 1),
-    so the ledger keeps it apart: :meth:`PrivacyLedger.epsilon` never includes it, and it is always reported as
-    nominal. A claim covers the whole run so far, so a newer claim from the same ``source`` replaces the older.
+    so the ledger keeps it apart: it never enters a DP epsilon (a ledger holding one reports ``inf``, see
+    :meth:`PrivacyLedger.epsilon`), and it is always reported as nominal. A claim covers the whole run so far, so a
+    newer claim from the same ``source`` replaces the older.
     """
 
     source: str
@@ -96,6 +97,10 @@ class NominalEvent:
             raise ValueError(f"epsilon={self.epsilon!r} must be a number >= 0 (inf allowed)")
         object.__setattr__(self, "epsilon", float(self.epsilon))
         object.__setattr__(self, "delta", _check_delta(self.delta))
+
+    def describe(self) -> str:
+        """``"nominal epsilon 3.24e+05 at delta 1e-05 (source)"``."""
+        return f"nominal epsilon {self.epsilon:.4g} at delta {self.delta:g} ({self.source})"
 
 
 def _is_count(value: Any, minimum: int) -> bool:
@@ -375,9 +380,10 @@ class PrivacyLedger:
 
     Consecutive events with the same ``(noise_multiplier, sample_rate)`` are merged and events without steps are
     dropped, so the history stays short over a long run. Nominal claims (:class:`NominalEvent`, via
-    :meth:`record_nominal`) are kept apart and never enter :meth:`epsilon`. ``state_dict`` holds plain lists, strings,
-    floats and ints only (loadable with ``torch.load(weights_only=True)``); a ledger restored from it reports the same
-    epsilon and the same nominal claims.
+    :meth:`record_nominal`) are kept apart and never composed: the data they cover was used without a DP guarantee,
+    so a ledger holding one reports :meth:`epsilon` ``inf`` and describes itself with :meth:`nominal_summary`.
+    ``state_dict`` holds plain lists, strings, floats and ints only (loadable with ``torch.load(weights_only=True)``);
+    a ledger restored from it reports the same epsilon and the same nominal claims.
     """
 
     def __init__(self, history: Iterable[PrivacyEvent | Sequence[Any]] = ()) -> None:
@@ -399,7 +405,7 @@ class PrivacyLedger:
             self._events.append(event)
 
     def record_nominal(self, source: str, epsilon: float, delta: float) -> None:
-        """Records (or updates) the nominal claim of ``source``; it is never part of :meth:`epsilon`."""
+        """Records (or updates) the nominal claim of ``source``; from then on :meth:`epsilon` is ``inf``."""
         event = NominalEvent(source, epsilon, delta)
         self._nominal[event.source] = event
 
@@ -419,8 +425,17 @@ class PrivacyLedger:
         return sum(e.steps for e in self._events)
 
     def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
-        """Epsilon spent so far at ``delta`` (0.0 for an empty ledger); see :func:`epsilon_for`."""
-        return epsilon_for(self._events, delta, accountant)
+        """The DP epsilon spent so far at ``delta`` (see :func:`epsilon_for`): 0.0 for an empty ledger, ``inf`` once a
+        nominal claim is recorded (that part of the run has no DP guarantee, whatever its nominal value)."""
+        epsilon = epsilon_for(self._events, delta, accountant)
+        return math.inf if self._nominal else epsilon
+
+    def nominal_summary(self) -> str | None:
+        """``"no DP guarantee; nominal epsilon X at delta D (source)"`` (one clause per claim); ``None`` without
+        nominal claims. The way to report a ledger whose :meth:`epsilon` is ``inf`` because of them."""
+        if not self._nominal:
+            return None
+        return "no DP guarantee; " + "; ".join(claim.describe() for claim in self._nominal.values())
 
     def state_dict(self) -> dict[str, list[list[Any]]]:
         """``{"history": [[noise_multiplier, sample_rate, steps], ...]}``, plus ``"nominal": [[source, epsilon,

@@ -16,9 +16,7 @@ from lightning_dprobust.models.residual_noise import NoiseScale, Strategy
 
 NOMINAL_SOURCE = "residual_perturbation.theorem1"
 """The ledger name of the Theorem 1 claim."""
-NOMINAL_WARNING = (
-    "nominal, from a heuristic proof: NOT a differential-privacy guarantee; audit it with `dprobust audit`"
-)
+NOMINAL_WARNING = "a heuristic proof, NOT a differential-privacy guarantee; audit it with `dprobust audit`"
 
 
 class ResidualPerturbation(ClassifierModule):
@@ -33,8 +31,9 @@ class ResidualPerturbation(ClassifierModule):
     Privacy: the only privacy statement is Theorem 1 (Strategy I), whose epsilon is **nominal**: it assumes Gaussian
     residual outputs with means bounded by ``G`` and inputs in a ball of radius ``R``, and treats the unclipped
     gradients as post-processing of noisy activations, none of which the training enforces. It is recorded in
-    :attr:`ledger` as a nominal event (never composed into a DP epsilon), logged as ``privacy/nominal_epsilon``
-    and printed at the end of fit with that warning. Strategy II has no training-time theorem (Theorem 2 is a
+    :attr:`ledger` as a nominal event (never composed: the ledger's DP epsilon is ``inf``), logged as
+    ``privacy/nominal_epsilon`` (never ``privacy/epsilon``) and printed at the end of fit as "no DP guarantee;
+    nominal epsilon ..." with that warning. Strategy II has no training-time theorem (Theorem 2 is a
     per-query statement about the prediction), so its nominal epsilon is ``inf``. Measure the actual leakage with
     the membership audit (``dprobust audit``).
 
@@ -128,12 +127,9 @@ class ResidualPerturbation(ClassifierModule):
         self.log("privacy/nominal_epsilon", self.ledger.nominal[0].epsilon, rank_zero_only=True)
 
     def on_fit_end(self) -> None:
-        """Print the nominal epsilon with its warning."""
-        for claim in self.ledger.nominal:
-            rank_zero_info(
-                f"{type(self).__name__}: epsilon = {claim.epsilon:.4g} at delta = {claim.delta:g} "
-                f"({claim.source}; {NOMINAL_WARNING})"
-            )
+        """Print the nominal epsilon, as no DP guarantee, with its warning."""
+        if self.ledger.nominal:
+            rank_zero_info(f"{type(self).__name__}: {self.ledger.nominal_summary()}: {NOMINAL_WARNING}")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also store the ledger and the example count, so a resumed run reports the same nominal epsilon."""

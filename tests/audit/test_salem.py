@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
+from torch.utils.data import TensorDataset
 
-from lightning_dprobust.audit import AttackMLP, salem_attack, salem_audit, salem_split
+from lightning_dprobust.audit import AttackMLP, salem_attack, salem_audit, salem_checkpoint_audit, salem_split
 from lightning_dprobust.audit.membership import top_k_features
 from lightning_dprobust.audit.roc import roc_curve
 
@@ -73,3 +74,42 @@ def test_audit_trains_shadow_and_target_on_their_in_halves_only():
     report, split = salem_audit(100, train_fn, lambda _model, idx: logits[torch.as_tensor(idx)], epochs=2)
     assert seen == [set(split.shadow_in.tolist()), set(split.target_in.tolist())]
     assert len(report.scores) == 50
+
+
+class _Lookup(torch.nn.Module):
+    """A "model" of examples given by their index: confident (scale 8) logits on the indices it trained on."""
+
+    def __init__(self, logits: torch.Tensor, trained_on: np.ndarray) -> None:
+        super().__init__()
+        scale = torch.ones(len(logits), 1)
+        scale[torch.as_tensor(trained_on)] = 8.0
+        self.table = logits * scale
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return self.table[index.long().squeeze(1)]
+
+
+def test_checkpoint_audit_trains_one_shadow_on_data_disjoint_from_the_evaluated_target():
+    logits = torch.randn(420, 10, generator=torch.Generator().manual_seed(0))
+    dataset = TensorDataset(torch.arange(420.0).unsqueeze(1), torch.zeros(420, dtype=torch.long))
+    members, nonmembers = np.arange(300), np.arange(300, 420)
+    target = _Lookup(logits, members)
+    shadows = []
+
+    def train_fn(indices):
+        shadows.append(_Lookup(logits, indices))
+        return shadows[-1]
+
+    report, split = salem_checkpoint_audit(target, dataset, members, nonmembers, train_fn, seed=3, lr=0.01)
+    parts = [split.shadow_in, split.shadow_out, split.target_in, split.target_out]
+    assert [len(p) for p in parts] == [90, 90, 120, 120]
+    assert len(np.unique(np.concatenate(parts))) == 420
+    assert set(split.target_in) <= set(members) and set(split.target_out) <= set(nonmembers)
+    assert len(shadows) == 1 and torch.equal(shadows[0].table, _Lookup(logits, split.shadow_in).table)
+    direct = salem_attack(
+        (shadows[0].table[split.shadow_in], shadows[0].table[split.shadow_out]),
+        (target.table[split.target_in], target.table[split.target_out]),
+        seed=3,
+        lr=0.01,
+    )
+    assert np.array_equal(report.scores, direct.scores) and report.roc.auc == direct.roc.auc > 0.8

@@ -92,15 +92,25 @@ def test_dpsgd_baseline_epsilon_matches_rdp_accountant():
 
 def test_ledger_nominal_claims_never_enter_epsilon_and_survive_state_dict():
     ledger = PrivacyLedger([(1.0, 0.01, 100)])
-    dp_only = ledger.epsilon(1e-5)
+    assert math.isfinite(ledger.epsilon(1e-5)) and ledger.nominal_summary() is None
     ledger.record_nominal("theorem1", 1.0e5, 1e-5)
     ledger.record_nominal("theorem1", 2.0e5, 1e-5)
-    assert ledger.epsilon(1e-5) == dp_only
+    assert ledger.epsilon(1e-5) == math.inf
     assert [(c.source, c.epsilon) for c in ledger.nominal] == [("theorem1", 2.0e5)]
     restored = PrivacyLedger()
     restored.load_state_dict(ledger.state_dict())
-    assert restored.nominal == ledger.nominal and restored.epsilon(1e-5) == dp_only
+    assert restored.nominal == ledger.nominal and restored.epsilon(1e-5) == math.inf
+    assert restored.history == ledger.history
     assert "nominal" not in PrivacyLedger([(1.0, 0.01, 1)]).state_dict()
     assert PrivacyLedger().epsilon(1e-5) == 0.0
     with pytest.raises(ValueError, match="source"):
         ledger.record_nominal("", 1.0, 1e-5)
+
+
+def test_a_ledger_of_nominal_claims_only_reports_no_dp_guarantee_never_epsilon_zero():
+    ledger = PrivacyLedger()
+    ledger.record_nominal("residual_perturbation.theorem1", 3.24e5, 1e-5)
+    assert ledger.history == () and ledger.epsilon(1e-5) == math.inf
+    assert ledger.nominal_summary() == (
+        "no DP guarantee; nominal epsilon 3.24e+05 at delta 1e-05 (residual_perturbation.theorem1)"
+    )

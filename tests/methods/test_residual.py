@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_dprobust.callbacks.run import fit_summary
 from lightning_dprobust.cli import main as dprobust
 from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.core.residual_privacy import theorem1_epsilon
@@ -40,9 +41,11 @@ def test_fit_learns_and_records_nominal_epsilon_apart(tmp_path, caplog):
     [claim] = rp.ledger.nominal
     expected = theorem1_epsilon(0.3, 3.0, 1e-5, 30.0, input_noise=0.15, bound_r=30.0)
     assert (claim.source, claim.epsilon) == (NOMINAL_SOURCE, pytest.approx(expected))
-    assert rp.ledger.history == () and rp.ledger.epsilon(1e-5) == 0.0
+    assert rp.ledger.history == () and rp.ledger.epsilon(1e-5) == math.inf
     assert logged == pytest.approx(expected, rel=1e-6)
-    assert "NOT a differential-privacy guarantee" in caplog.text
+    nominal = f"no DP guarantee; nominal epsilon {expected:.4g} at delta 1e-05 ({NOMINAL_SOURCE})"
+    assert f"{nominal}: a heuristic proof, NOT a differential-privacy guarantee" in caplog.text
+    assert fit_summary(trainer, None).startswith(f"fit done: {nominal}; ")
 
 
 def test_default_input_noise_and_strategy_two_has_no_training_claim():
@@ -187,6 +190,7 @@ def test_cli_fit_logs_the_nominal_epsilon_to_wandb(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "NOT a differential-privacy guarantee" in result.stderr + result.stdout
+    assert "fit done: no DP guarantee; nominal epsilon" in result.stdout
     [run_file] = tmp_path.glob("runs/residual-digits/wandb/offline-run-*/run-*.wandb")
     logged = [
         row["privacy/nominal_epsilon"] for row in read_wandb_history(run_file) if "privacy/nominal_epsilon" in row

@@ -164,18 +164,19 @@ def certified_radius(epsilon_r: Tensor, scale: float, condition: str, psi: float
     """
     _check_condition(condition)
     _check_positive("radius scale", scale)
-    if isinstance(psi, bool) or not isinstance(psi, Real) or not math.isfinite(psi) or psi < 1:
-        raise ValueError(f"psi must be a finite number >= 1 (the fresh-noise shrink factor), got {psi!r}")
+    _check_psi(psi)
     return epsilon_r * (scale if condition == "paper" else scale / psi)
 
 
-def check_options(n: int, eta: float, bound: str, condition: str) -> None:
-    """Raise one clear ``ValueError`` unless ``n >= 1``, ``0 < eta < 1`` and ``bound``, ``condition`` are known."""
+def check_options(n: int, eta: float, bound: str, condition: str, psi: float = 1.0) -> None:
+    """Raise one clear ``ValueError`` unless ``n >= 1``, ``0 < eta < 1``, ``psi >= 1`` and ``bound``, ``condition``
+    are known."""
     _check_n(n)
     _check_probability("eta", eta)
     if bound not in BOUNDS:
         raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
     _check_condition(condition)
+    _check_psi(psi)
 
 
 def _check_estimate(estimate: Tensor, n: int, bound: str) -> None:
@@ -202,6 +203,11 @@ def _check_n(n: int) -> None:
 def _check_probability(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 < value < 1.0:
         raise ValueError(f"{name} must lie in (0, 1) (a failure probability, e.g. 0.05), got {value!r}")
+
+
+def _check_psi(psi: float) -> None:
+    if isinstance(psi, bool) or not isinstance(psi, Real) or not math.isfinite(psi) or psi < 1:
+        raise ValueError(f"psi must be a finite number >= 1 (the fresh-noise shrink factor), got {psi!r}")
 
 
 def _check_positive(name: str, value: float) -> None:

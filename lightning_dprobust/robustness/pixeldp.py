@@ -10,9 +10,11 @@ conventional and certified accuracy with the library's torchmetrics. The math li
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from numbers import Real
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -45,8 +47,13 @@ class PixelDPMechanism(Protocol):
         ...
 
     def pixeldp_radius_scale(self) -> float:
-        """The Eq. 13 factor: the l_inf radius, in the units of ``x`` (``[0, 1]`` pixels), per unit of
-        ``epsilon_r``, so that ``radius = epsilon_r* * pixeldp_radius_scale()``."""
+        """The Eq. 13 factor ``Delta_R / (m epsilon1 (Delta_r^x + Delta_r^h / 2))``: the l_inf radius per unit of
+        ``epsilon_r``, so that ``radius = epsilon_r* * pixeldp_radius_scale()``.
+
+        Units: the radius is compared with attack sizes ``mu_a`` in the units of ``x`` (``[0, 1]`` pixels), so the
+        sensitivities ``Delta_r^x`` and ``Delta_r^h`` are those of the unit l_inf ball in those units (a model that
+        works in ``[-1, 1]`` internally sees that ball as one of radius 2). The noise scales are those of the fresh
+        inference noise before any shrink factor ``psi``."""
         ...
 
 
@@ -116,8 +123,11 @@ def certify_pixeldp(
         TypeError: ``mechanism`` does not implement :class:`PixelDPMechanism`.
         ValueError: bad arguments, or scores of the wrong shape or outside ``[0, 1]``.
     """
-    check_options(n, eta, bound, condition)
+    check_options(n, eta, bound, condition, psi)
     _check_inputs(mechanism, x, y, mu_a, batch_size)
+    scale = mechanism.pixeldp_radius_scale()
+    if isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"pixeldp_radius_scale() must return a finite number > 0, got {scale!r}")
     if generator is None:
         generator = torch.Generator(device=x.device).manual_seed(seed)
     estimates = []
@@ -128,7 +138,7 @@ def certify_pixeldp(
             bar.update(len(chunk))
     prediction, lower, upper = top_two_bounds(torch.cat(estimates), n, eta, bound, condition)
     epsilon_r = robustness_size(lower, upper)
-    radius = certified_radius(epsilon_r, float(mechanism.pixeldp_radius_scale()), condition, psi)
+    radius = certified_radius(epsilon_r, float(scale), condition, psi)
     return PixelDPCertificates(prediction, epsilon_r, radius, radius >= mu_a, prediction == y.cpu())
 
 
@@ -148,7 +158,7 @@ def _estimate(
             part = nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).sum(0).cpu()
         total = part if total is None else total + part
         done += size
-    return total / n if bound == "hoeffding" else total
+    return (total / n).clamp(0.0, 1.0) if bound == "hoeffding" else total  # clamp: rounding of the sum
 
 
 def pixeldp_metrics(certificates: PixelDPCertificates, targets: Tensor, mu_a: Sequence[float]) -> dict[str, float]:

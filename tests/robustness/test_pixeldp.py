@@ -147,6 +147,9 @@ class Returning(CategoricalMechanism):
         ({"mechanism": Returning(lambda n, b: torch.rand(n, b, 2) + 1)}, r"scores in \[0, 1\]"),
         ({"mechanism": Returning(lambda n, b: torch.full((n, b, 2), math.nan))}, r"scores in \[0, 1\]"),
         ({"mechanism": Returning(lambda n, b: torch.ones(n, b, 1))}, "K >= 2"),
+        ({"psi": 0.5, "condition": "strict"}, "psi must be a finite number >= 1"),
+        ({"mechanism": CategoricalMechanism([0.5, 0.5], scale=0.0)}, r"pixeldp_radius_scale\(\) must return"),
+        ({"mechanism": CategoricalMechanism([0.5, 0.5], scale=math.inf)}, r"pixeldp_radius_scale\(\) must return"),
     ],
 )
 def test_bad_inputs_are_refused_with_one_clear_line(kwargs, message):

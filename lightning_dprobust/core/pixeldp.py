@@ -23,6 +23,12 @@ Two conditions (the readings settled for StoBatch):
   the guarantee has scale ``b / psi``, so the radius is ``epsilon_r* * scale / psi``.
 
 In both, an example is robust at attack size ``mu_a`` when its radius is at least ``mu_a`` (Algorithm 3).
+
+What is certified depends on the estimator. ``hoeffding`` bounds the expected scores ``E f_i`` and certifies
+``argmax_i E f_i``; ``clopper_pearson`` bounds the vote probabilities ``P(argmax f = i)`` and certifies
+``argmax_i P(argmax f = i)``, the classifier the counts predict. Both are valid: a vote is a post-processing of the
+mechanisms' joint output, so its expectation obeys the same ``e^{epsilon_r}`` ratio (sequential composition, then
+post-processing, as in the proof of Lemma 5).
 Everything here is plain torch and scipy, no Lightning.
 """
 

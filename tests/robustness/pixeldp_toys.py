@@ -17,32 +17,40 @@ def laplace(shape: tuple[int, ...], scale: float, generator: torch.Generator, de
 
 
 class ThresholdMechanism(nn.Module):
-    """One pixel ``x``; class 1 iff ``x + Lap(b) >= t``. Laplace noise of scale ``b`` is ``(|alpha| / b)``-DP for a
-    shift ``alpha`` of ``x``, so one unit of ``epsilon_r`` buys a radius ``b`` (``pixeldp_radius_scale() = b``).
+    """One pixel ``x`` and one Laplace mechanism per scale in ``scales``, composed as in Eq. 11: the score of class 1
+    is the product over mechanisms ``s`` of ``1[x + L_s >= t]``, that of class 0 the product of ``1[x + L_s < t]``.
 
-    The expected scores are ``P(x + L >= t)`` and its complement, known exactly (:meth:`expected`).
+    Laplace noise of scale ``b`` is ``(|alpha| / b)``-DP for a shift ``alpha`` of ``x``, and the mechanisms compose
+    (Lemma 5), so one unit of ``epsilon_r`` buys a radius ``1 / sum_s (1 / b_s)`` (``pixeldp_radius_scale``). The
+    expected scores are products of Laplace tail probabilities, known exactly (:meth:`expected`).
     """
 
     pixeldp_attack_norm = "linf"
 
-    def __init__(self, b: float = 0.1, t: float = 0.5) -> None:
+    def __init__(self, scales: tuple[float, ...] = (0.1,), t: float = 0.5) -> None:
         super().__init__()
-        self.b, self.t, self.modes_seen = b, t, []
+        self.scales, self.t, self.modes_seen = scales, t, []
 
     def pixeldp_scores(self, x: Tensor, n: int, generator: torch.Generator) -> Tensor:
         self.modes_seen.append(self.training)
-        noisy = x.reshape(1, -1).double() + laplace((n, len(x)), self.b, generator, x.device)
-        above = (noisy >= self.t).double()
-        return torch.stack([1 - above, above], dim=-1)
+        pixel = x.reshape(1, -1).double()
+        above = [(pixel + laplace((n, len(x)), b, generator, x.device) >= self.t).double() for b in self.scales]
+        return torch.stack([math.prod(1 - a for a in above), math.prod(above)], dim=-1)
 
     def pixeldp_radius_scale(self) -> float:
-        return self.b
+        return 1.0 / sum(1.0 / b for b in self.scales)
 
     def expected(self, x: Tensor) -> Tensor:
-        """``[B, 2]`` exact ``E f(x)``: ``P(L >= t - x)`` for the Laplace CDF."""
+        """``[B, 2]`` exact ``E f(x)``: products of ``P(L_s >= t - x)`` and of their complements."""
         gap = self.t - x.reshape(-1).double()
-        above = torch.where(gap >= 0, 0.5 * torch.exp(-gap / self.b), 1 - 0.5 * torch.exp(gap / self.b))
-        return torch.stack([1 - above, above], dim=-1)
+        above = [torch.where(gap >= 0, 0.5 * torch.exp(-gap / b), 1 - 0.5 * torch.exp(gap / b)) for b in self.scales]
+        return torch.stack([math.prod(1 - a for a in above), math.prod(above)], dim=-1)
+
+    def expected_votes(self, x: Tensor) -> Tensor:
+        """``[B, 2]`` exact ``P(argmax f = k)``: class 1 needs every mechanism above ``t``; a tie (``[0, 0]``, the
+        mechanisms disagree) is a vote for class 0, the lowest index, as ``argmax`` breaks ties."""
+        both = self.expected(x)[:, 1]
+        return torch.stack([1 - both, both], dim=-1)
 
 
 class CategoricalMechanism:

@@ -24,7 +24,7 @@ def certify(mechanism, x=GRID, y=LABELS, **kwargs):
 def test_the_certified_radius_never_crosses_the_true_decision_boundary(bound, condition):
     """PixelDP's guarantee, checked against the exact expected scores: ``argmax E f`` at ``x +- radius`` is the
     certified class. The check is sharp enough to catch a radius twice too large (for example a lost factor 1/2)."""
-    toy = ThresholdMechanism(b=0.1, t=0.5)
+    toy = ThresholdMechanism(scales=(0.1,), t=0.5)
     cert = certify(toy, n=20000, bound=bound, condition=condition)
     certified = cert.radius > 0  # a zero radius claims nothing
     assert certified.sum() >= len(GRID) // 2
@@ -33,6 +33,23 @@ def test_the_certified_radius_never_crosses_the_true_decision_boundary(bound, co
         assert (toy.expected(x + sign * radius).argmax(1) == prediction).all()
     doubled = [toy.expected(x + sign * 2 * radius).argmax(1) for sign in (-1, 1)]
     assert any((moved != prediction).any() for moved in doubled)
+
+
+@pytest.mark.parametrize("bound", ["clopper_pearson", "hoeffding"])
+def test_two_composed_laplace_mechanisms_certify_the_harmonic_radius(bound):
+    """Lemma 5 / Corollary 1 on a toy: input noise of scale 0.1 and a second mechanism of scale 0.2 (the latent one
+    of StoBatch has twice the input's scale) compose to ``1/0.1 + 1/0.2`` per unit radius. The certified radius stays
+    inside the exact decision region of what each estimator bounds (expected scores for Hoeffding, argmax votes for
+    Clopper-Pearson), and twice the radius would not."""
+    toy = ThresholdMechanism(scales=(0.1, 0.2), t=0.5)
+    expected = toy.expected if bound == "hoeffding" else toy.expected_votes  # what each estimator bounds
+    cert = certify(toy, n=20000, bound=bound)
+    certified = cert.radius > 0
+    assert certified.sum() >= len(GRID) // 2
+    x, radius, prediction = GRID.reshape(-1)[certified], cert.radius[certified], cert.prediction[certified]
+    for sign in (-1, 1):
+        assert (expected(x + sign * radius).argmax(1) == prediction).all()
+    assert any((expected(x + sign * 2 * radius).argmax(1) != prediction).any() for sign in (-1, 1))
 
 
 def test_clopper_pearson_certificates_are_the_closed_form_of_the_same_draws():

@@ -400,9 +400,9 @@ class PrivacyLedger:
     Consecutive events with the same ``(noise_multiplier, sample_rate)`` are merged and events without steps are
     dropped, so the history stays short over a long run. Nominal claims (:class:`NominalEvent`, via
     :meth:`record_nominal`) are kept apart and never enter :meth:`epsilon`. Pure-DP Laplace releases
-    (:class:`LaplaceEvent`, via :meth:`record_laplace`) are added to the Gaussian epsilon. ``state_dict`` holds plain lists, strings,
-    floats and ints only (loadable with ``torch.load(weights_only=True)``); a ledger restored from it reports the same
-    epsilon, the same nominal claims and the same Laplace releases.
+    (:class:`LaplaceEvent`, via :meth:`record_laplace`) are added to the Gaussian epsilon. ``state_dict`` holds plain
+    lists, strings, floats and ints only (loadable with ``torch.load(weights_only=True)``); a ledger restored from it
+    reports the same epsilon, the same nominal claims and the same Laplace releases.
     """
 
     def __init__(self, history: Iterable[PrivacyEvent | Sequence[Any]] = ()) -> None:

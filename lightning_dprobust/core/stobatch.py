@@ -109,8 +109,10 @@ def taylor_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def label_noise_term(noise: Tensor, head_weight: Tensor) -> Tensor:
-    """``sum_{j,k} chi3[j, k] W_pi[k, j]``: the Laplace noise of the label coefficients ``sum_i h_pi,i y_ik`` (Lemma 4,
-    one draw ``chi3 ~ Lap(Delta_L2 / epsilon2)`` per coefficient for the batch sum). ``head_weight`` is ``[K, |h_pi|]``."""
+    """``sum_{j,k} chi3[j, k] W_pi[k, j]``: the Laplace noise of the label coefficients ``sum_i h_pi,i y_ik``.
+
+    One draw ``chi3 ~ Lap(Delta_L2 / epsilon2)`` per coefficient for the batch sum (Lemma 4); ``head_weight`` is
+    ``[K, |h_pi|]``."""
     return (noise * head_weight.t()).sum()
 
 

@@ -202,14 +202,12 @@ class StoBatch(ClassifierModule):
         """Keep ``theta1``'s input norm ``<= Delta_h`` so that ``gamma`` stays what the budget split assumed."""
         sb.project_theta1(self.net.encoder.weight, self.hparams.theta1_bound)
 
-    def on_train_epoch_end(self) -> None:
-        self.log("privacy/epsilon", self.ledger.epsilon(0.0), rank_zero_only=True)
-
     def on_fit_end(self) -> None:
+        net = self.net
         rank_zero_info(
-            f"StoBatch: epsilon = {self.ledger.epsilon(0.0):.4g} (pure DP, delta = 0; epsilon1 = {self.net.epsilon1:.4g}"
-            f", epsilon2 = {self.net.epsilon2:.4g}, gamma_x = {self.net.gamma_x:.4g}, gamma = {self.net.gamma:.4g}); "
-            "the same whatever the number of steps"
+            f"StoBatch: epsilon = {self.ledger.epsilon(0.0):.4g} (pure DP, delta = 0; epsilon1 = {net.epsilon1:.4g}, "
+            f"epsilon2 = {net.epsilon2:.4g}, gamma_x = {net.gamma_x:.4g}, gamma = {net.gamma:.4g}); the same whatever "
+            "the number of steps"
         )
 
     # -------------------------------------------------------------------------------------- PixelDP certification

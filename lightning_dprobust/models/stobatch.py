@@ -21,7 +21,10 @@ class StoBatchNet(nn.Module):
     """``f(x) = W_pi tanh(body(tanh(theta1 * x_bar) + 2 chi2 / m))`` with ``x_bar = (2 x - 1) + chi1 / m``.
 
     ``theta1`` is a bias-free convolution (``encoder``) whose tanh output lies in ``[-1, 1]`` (Lemma 2 needs it); its
-    tied transpose reconstructs the input (:meth:`reconstruct`). The last hidden layer is a tanh, so ``h_pi`` lies in
+    tied transpose reconstructs the input (:meth:`reconstruct`). ``theta2`` starts with a batch normalization of each
+    element of ``h_bar`` over the batch: post-processing of the perturbed hidden layer, it removes the constant offset
+    that the fixed noise adds (a per-channel normalization would keep its spatial spread) and rescales the signal, as
+    the authors' code normalizes the first layer. The last hidden layer is a tanh, so ``h_pi`` lies in
     ``[-1, 1]`` (Lemma 4), and the head ``W_pi`` has no bias (a bias would read the labels without noise).
     Images come in ``[0, 1]`` (DESIGN.md contract 1) and are mapped to the paper's ``[-1, 1]`` inside.
 

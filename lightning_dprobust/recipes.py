@@ -30,6 +30,7 @@ from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.callbacks.guard import TrainingGuard
 from lightning_dprobust.callbacks.run import (
     BestValidation,
+    LedgerLogger,
     SaveConfigOnce,
     refuse_used_folder,
     report_fit,
@@ -101,7 +102,7 @@ class DProbustCLI(LightningCLI):
                 "DPCallback belongs in the `dp` group, not in trainer.callbacks: write `dp: {target_epsilon: 3.0, ...}`"
                 " in the config or pass --dp.target_epsilon 3.0"
             )
-        return super()._instantiate_trainer(config, [*callbacks, TrainingGuard(), BestValidation()])
+        return super()._instantiate_trainer(config, [*callbacks, TrainingGuard(), BestValidation(), LedgerLogger()])
 
     def _parse_ckpt_path(self) -> None:
         """Read ``--ckpt_path`` safely first: a truncated or unsafe file is one ``CheckpointError`` (exit 2)."""

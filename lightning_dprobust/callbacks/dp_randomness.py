@@ -45,14 +45,14 @@ class DPRandomness:
     sampling leaks through its least significant bits (Mironov 2012), and timing is not constant.
     """
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, owner: str = "DPCallback") -> None:
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
                 raise MisconfigurationException(
-                    f"DPCallback(seed={seed!r}) must be a non-negative int, or None (the default) for secret randomness"
+                    f"{owner}(seed={seed!r}) must be a non-negative int, or None (the default) for secret randomness"
                 )
             rank_zero_warn(
-                f"DPCallback(seed={seed}): reproducibility mode. The Poisson masks and the noise follow from the seed, "
+                f"{owner}(seed={seed}): reproducibility mode. The Poisson masks and the noise follow from the seed, "
                 "so the privacy guarantee holds only if the seed stays secret and trains a single model; remove "
                 "`seed` for secret randomness drawn from the operating system"
             )
@@ -99,5 +99,5 @@ class DPRandomness:
 
     def _require_root(self) -> int:
         if self._root is None:
-            raise RuntimeError("DPCallback drew randomness before fit started; call trainer.fit(...)")
+            raise RuntimeError("secret randomness was drawn before fit started; call trainer.fit(...)")
         return self._root

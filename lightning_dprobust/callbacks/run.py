@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -13,7 +14,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_dprobust.core.accounting import PrivacyLedger, epsilon_for
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
 
 VALIDATION_METRIC = "val/acc"
 """The validation metric the end-of-fit summary reports the best value of."""
@@ -100,18 +101,68 @@ class BestValidation(Callback):
         self.best, self.epoch = state_dict.get("best"), state_dict.get("epoch")
 
 
-def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
-    """One line: epsilon, delta, accountant and steps (or ``no DP``) and the best validation metric.
+@dataclass(frozen=True)
+class ModuleLedger:
+    """A LightningModule's own ledger with the delta and accountant it is read at (the ``DPCallback`` interface)."""
 
-    Without ``DPCallback``, a module whose own ``ledger`` holds nominal claims (residual perturbation) is reported as
-    ``no DP guarantee; nominal epsilon X at delta D (source)``, never with a DP epsilon."""
-    if dp is None:
+    ledger: PrivacyLedger
+    delta: float
+    accountant: str
+
+    def epsilon(self) -> float:
+        return self.ledger.epsilon(self.delta, self.accountant)
+
+
+def privacy_owner(trainer: L.Trainer, dp: Any | None = None) -> Any | None:
+    """What reports the run's privacy: the DP callback, else the LightningModule's ``ledger`` attribute.
+
+    A module ledger counts when it composes a guarantee (Gaussian steps or Laplace releases; nominal claims alone are
+    no DP guarantee). It is read at the module's ``privacy_delta`` (default 0: pure DP) with its
+    ``privacy_accountant`` (default the library's). Returns ``None`` for a non-private run.
+    """
+    if dp is not None:
+        return dp
+    module = trainer.lightning_module
+    ledger = getattr(module, "ledger", None)
+    if not isinstance(ledger, PrivacyLedger) or not (ledger.steps or ledger.laplace):
+        return None
+    delta = float(getattr(module, "privacy_delta", 0.0))
+    return ModuleLedger(ledger, delta, getattr(module, "privacy_accountant", DEFAULT_ACCOUNTANT))
+
+
+class LedgerLogger(Callback):
+    """Logs ``privacy/epsilon`` of a module-owned ledger (:func:`privacy_owner`) at each train and test epoch end,
+    as ``DPCallback`` does for its own; silent when a ``DPCallback`` is present or the run is not private."""
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(trainer, pl_module)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(trainer, pl_module)
+
+    @staticmethod
+    def _log(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        owner = privacy_owner(trainer)
+        if isinstance(owner, ModuleLedger) and not any(hasattr(c, "ledger") for c in trainer.callbacks):
+            pl_module.log("privacy/epsilon", owner.epsilon(), rank_zero_only=True)
+
+
+def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
+    """One line: epsilon, delta, accountant and steps (or ``no DP``) and the best validation metric; ``dp`` is the
+    DP callback or ``None`` (then a module-owned ledger is reported, see :func:`privacy_owner`). A module whose own
+    ``ledger`` holds nominal claims only (residual perturbation) is reported as ``no DP guarantee; nominal epsilon X
+    at delta D (source)``, never with a DP epsilon."""
+    owner = privacy_owner(trainer, dp)
+    if owner is None:
         ledger = getattr(trainer.lightning_module, "ledger", None)
         nominal = ledger.nominal_summary() if isinstance(ledger, PrivacyLedger) else None
         privacy = nominal or "no DP (epsilon = inf)"
+    elif not owner.ledger.steps:
+        privacy = f"epsilon {owner.epsilon():.4g}, pure DP (delta 0: {len(owner.ledger.laplace)} Laplace releases)"
     else:
         privacy = (
-            f"epsilon {dp.epsilon():.4g} at delta {dp.delta:.3g} ({dp.accountant} accountant), {dp.ledger.steps} steps"
+            f"epsilon {owner.epsilon():.4g} at delta {owner.delta:.3g} ({owner.accountant} accountant), "
+            f"{owner.ledger.steps} steps"
         )
     best = next((callback for callback in trainer.callbacks if isinstance(callback, BestValidation)), None)
     if best is None or best.best is None:
@@ -122,22 +173,27 @@ def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
 
 
 def report_fit(trainer: L.Trainer, dp: Any | None) -> None:
-    """Print :func:`fit_summary` on rank zero; with DP, write the privacy curve (``privacy_curve.png`` in the run
-    folder) and put the final epsilon in the W&B run's summary and the curve in its images."""
+    """Print :func:`fit_summary` on rank zero; with DP, put the final epsilon in the W&B run's summary and, when there
+    are Gaussian steps, write the privacy curve (``privacy_curve.png`` in the run folder) into its images."""
     if not trainer.is_global_zero:
         return
     print(fit_summary(trainer, dp), flush=True)
-    if dp is None or not dp.ledger.steps:
+    owner = privacy_owner(trainer, dp)
+    if owner is None or not (owner.ledger.steps or owner.ledger.laplace):
         return
-    curve = privacy_curve(dp.ledger.history, dp.delta, dp.accountant)
-    png = plot_privacy_curve(curve, config_path(trainer, "privacy_curve.png"), f"{dp.accountant}, delta {dp.delta:g}")
+    png = None
+    if owner.ledger.steps:
+        curve = privacy_curve(owner.ledger.history, owner.delta, owner.accountant)
+        title = f"{owner.accountant}, delta {owner.delta:g}"
+        png = plot_privacy_curve(curve, config_path(trainer, "privacy_curve.png"), title)
     for logger in trainer.loggers:
         summary = getattr(getattr(logger, "experiment", None), "summary", None)
         if type(logger).__name__ == "WandbLogger" and summary is not None:
-            summary["privacy/final_epsilon"] = float(dp.epsilon())
-            summary["privacy/delta"] = float(dp.delta)
-            summary["privacy/steps"] = int(dp.ledger.steps)
-            logger.log_image(key="privacy/epsilon_curve", images=[png])
+            summary["privacy/final_epsilon"] = float(owner.epsilon())
+            summary["privacy/delta"] = float(owner.delta)
+            summary["privacy/steps"] = int(owner.ledger.steps)
+            if png is not None:
+                logger.log_image(key="privacy/epsilon_curve", images=[png])
 
 
 def privacy_curve(history: Sequence[Any], delta: float, accountant: str, points: int = 20) -> list[tuple[int, float]]:

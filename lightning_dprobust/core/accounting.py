@@ -103,6 +103,30 @@ class NominalEvent:
         return f"nominal epsilon {self.epsilon:.4g} at delta {self.delta:g} ({self.source})"
 
 
+@dataclass(frozen=True)
+class LaplaceEvent:
+    """A pure ``epsilon``-DP release (``delta = 0``) by a Laplace mechanism, named by ``source``.
+
+    Pure events compose with the Gaussian history by basic composition: :meth:`PrivacyLedger.epsilon` adds their
+    epsilons to the Gaussian part's epsilon at the run's delta (Dwork and Roth 2014, Theorem 3.16), a valid upper
+    bound whatever the order of the releases. One source is one release of one noise draw: the guarantee of noise
+    drawn once and reused (StoBatch, Phan et al. 2020) does not grow with the number of steps, so recording the same
+    source again changes nothing.
+    """
+
+    source: str
+    epsilon: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"source={self.source!r} must be a non-empty name of the Laplace release")
+        if not (math.isfinite(float(self.epsilon)) and float(self.epsilon) > 0):
+            raise ValueError(
+                f"epsilon={self.epsilon!r} of the Laplace release {self.source!r} must be a finite number > 0"
+            )
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+
+
 def _is_count(value: Any, minimum: int) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= minimum
 
@@ -382,13 +406,15 @@ class PrivacyLedger:
     dropped, so the history stays short over a long run. Nominal claims (:class:`NominalEvent`, via
     :meth:`record_nominal`) are kept apart and never composed: the data they cover was used without a DP guarantee,
     so a ledger holding one reports :meth:`epsilon` ``inf`` and describes itself with :meth:`nominal_summary`.
+    Pure-DP Laplace releases (:class:`LaplaceEvent`, via :meth:`record_laplace`) are added to the Gaussian epsilon.
     ``state_dict`` holds plain lists, strings, floats and ints only (loadable with ``torch.load(weights_only=True)``);
-    a ledger restored from it reports the same epsilon and the same nominal claims.
+    a ledger restored from it reports the same epsilon, the same nominal claims and the same Laplace releases.
     """
 
     def __init__(self, history: Iterable[PrivacyEvent | Sequence[Any]] = ()) -> None:
         self._events: list[PrivacyEvent] = []
         self._nominal: dict[str, NominalEvent] = {}
+        self._laplace: dict[str, LaplaceEvent] = {}
         for item in history:
             event = _as_event(item)
             self.record(event.noise_multiplier, event.sample_rate, event.steps)
@@ -409,6 +435,34 @@ class PrivacyLedger:
         event = NominalEvent(source, epsilon, delta)
         self._nominal[event.source] = event
 
+    def record_laplace(self, source: str, epsilon: float) -> None:
+        """Records the pure ``epsilon``-DP release ``source`` (see :class:`LaplaceEvent`).
+
+        Recording ``source`` again with the same epsilon is the same release and changes nothing.
+
+        Raises:
+            ValueError: ``source`` was recorded with another epsilon (a second release under one name would
+                otherwise be lost), or the values are invalid.
+        """
+        event = LaplaceEvent(source, epsilon)
+        known = self._laplace.get(event.source)
+        if known is not None and known.epsilon != event.epsilon:
+            raise ValueError(
+                f"the Laplace release {source!r} is already recorded with epsilon {known.epsilon:g}, not "
+                f"{event.epsilon:g}: give a new release its own source name"
+            )
+        self._laplace[event.source] = event
+
+    @property
+    def laplace(self) -> tuple[LaplaceEvent, ...]:
+        """The pure-DP releases, one per source, in recording order."""
+        return tuple(self._laplace.values())
+
+    @property
+    def pure_epsilon(self) -> float:
+        """The sum of the pure-DP releases' epsilons (basic composition)."""
+        return float(sum(event.epsilon for event in self._laplace.values()))
+
     @property
     def nominal(self) -> tuple[NominalEvent, ...]:
         """The nominal claims, one per source: reported as nominal, never as a DP guarantee."""
@@ -425,10 +479,18 @@ class PrivacyLedger:
         return sum(e.steps for e in self._events)
 
     def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
-        """The DP epsilon spent so far at ``delta`` (see :func:`epsilon_for`): 0.0 for an empty ledger, ``inf`` once a
-        nominal claim is recorded (that part of the run has no DP guarantee, whatever its nominal value)."""
-        epsilon = epsilon_for(self._events, delta, accountant)
-        return math.inf if self._nominal else epsilon
+        """The DP epsilon spent so far at ``delta``: the Gaussian history's epsilon by :func:`epsilon_for` plus
+        :attr:`pure_epsilon` (basic composition); 0.0 for an empty ledger; ``inf`` once a nominal claim is recorded
+        (that part of the run has no DP guarantee, whatever its nominal value). Without Gaussian events the guarantee
+        is pure DP and ``delta`` may be 0."""
+        if self._nominal:
+            return math.inf
+        if not self._events:
+            _check_accountant(accountant)
+            if not 0 <= delta < 1:
+                raise ValueError(f"delta={delta!r} must lie in [0, 1) for a ledger of pure-DP releases")
+            return self.pure_epsilon
+        return epsilon_for(self._events, delta, accountant) + self.pure_epsilon
 
     def nominal_summary(self) -> str | None:
         """``"no DP guarantee; nominal epsilon X at delta D (source)"`` (one clause per claim); ``None`` without
@@ -439,12 +501,15 @@ class PrivacyLedger:
 
     def state_dict(self) -> dict[str, list[list[Any]]]:
         """``{"history": [[noise_multiplier, sample_rate, steps], ...]}``, plus ``"nominal": [[source, epsilon,
-        delta], ...]`` when a nominal claim was recorded."""
+        delta], ...]`` when a nominal claim was recorded and ``"laplace": [[source, epsilon], ...]`` when a pure-DP
+        release was."""
         state: dict[str, list[list[Any]]] = {
             "history": [[e.noise_multiplier, e.sample_rate, e.steps] for e in self._events]
         }
         if self._nominal:
             state["nominal"] = [[e.source, e.epsilon, e.delta] for e in self._nominal.values()]
+        if self._laplace:
+            state["laplace"] = [[e.source, e.epsilon] for e in self._laplace.values()]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -454,8 +519,11 @@ class PrivacyLedger:
         restored = PrivacyLedger(state["history"])
         for item in state.get("nominal", []):
             restored.record_nominal(*item)
-        self._events, self._nominal = restored._events, restored._nominal
+        for item in state.get("laplace", []):
+            restored.record_laplace(*item)
+        self._events, self._nominal, self._laplace = restored._events, restored._nominal, restored._laplace
 
     def __repr__(self) -> str:
         nominal = f", nominal={list(self._nominal.values())!r}" if self._nominal else ""
-        return f"PrivacyLedger(history={list(self._events)!r}{nominal})"
+        laplace = f", laplace={list(self._laplace.values())!r}" if self._laplace else ""
+        return f"PrivacyLedger(history={list(self._events)!r}{nominal}{laplace})"

@@ -6,6 +6,16 @@ from lightning_dprobust.methods.dpcert import DPCert
 from lightning_dprobust.methods.dpsgd import DPSGD
 from lightning_dprobust.methods.registry import register_method
 from lightning_dprobust.methods.residual import ResidualPerturbation
+from lightning_dprobust.methods.stobatch import StoBatch
 from lightning_dprobust.methods.transdenoiser import TransDenoiser
 
-__all__ = ["DPSGD", "ClassifierModule", "DPAdv", "DPCert", "ResidualPerturbation", "TransDenoiser", "register_method"]
+__all__ = [
+    "DPSGD",
+    "ClassifierModule",
+    "DPAdv",
+    "DPCert",
+    "ResidualPerturbation",
+    "StoBatch",
+    "TransDenoiser",
+    "register_method",
+]

@@ -15,6 +15,7 @@ from lightning_dprobust.models.normalize import Normalize, NormalizedModel
 from lightning_dprobust.models.registry import create_model, list_models, register_model
 from lightning_dprobust.models.residual_noise import Ensemble, PerturbedResidualNet, residual_blocks
 from lightning_dprobust.models.resnet8 import PreActBlock, PreActResNet8
+from lightning_dprobust.models.stobatch import StoBatchNet
 
 __all__ = [
     "CNNTanh",
@@ -27,6 +28,7 @@ __all__ = [
     "PerturbedResidualNet",
     "PreActBlock",
     "PreActResNet8",
+    "StoBatchNet",
     "create_model",
     "dp_incompatibilities",
     "list_models",

@@ -1,0 +1,252 @@
+"""StoBatch: Phan, Thai, Hu, Jin, Sun, Dou, "Scalable Differential Privacy with Certified Robustness in Adversarial
+Learning", ICML 2020 (https://arxiv.org/abs/1903.09822)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import Tensor
+from torch.utils.data import DataLoader, Sampler
+
+from lightning_dprobust.callbacks.dp_randomness import DPRandomness
+from lightning_dprobust.core import stobatch as sb
+from lightning_dprobust.core.accounting import PrivacyLedger
+from lightning_dprobust.core.sampling import derive_seed
+from lightning_dprobust.data.validation import check_batch
+from lightning_dprobust.methods.base import ClassifierModule
+from lightning_dprobust.models.stobatch import StoBatchNet
+from lightning_dprobust.robustness.stobatch_attacks import ensemble_attack
+
+SOURCES = ("stobatch.autoencoder", "stobatch.inputs", "stobatch.hidden", "stobatch.labels")
+"""Ledger names of the four Laplace releases of Theorem 4: ``epsilon1``, ``epsilon1/gamma_x``, ``epsilon1/gamma``,
+``epsilon2``."""
+
+
+class FixedPairSampler(Sampler[list[int]]):
+    """Yields, for every step, the ``m`` indices of the benign batch followed by the ``m`` of the adversarial-source
+    batch, in the same order every epoch (:func:`~lightning_dprobust.core.stobatch.step_pairs`)."""
+
+    def __init__(self, batches: Tensor, pairs: list[tuple[int, int]]) -> None:
+        self.batches, self.pairs = batches, pairs
+
+    def __iter__(self):
+        for benign, adversarial in self.pairs:
+            yield torch.cat([self.batches[benign], self.batches[adversarial]]).tolist()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+class StoBatch(ClassifierModule):
+    """DP auto-encoder, DP adversarial learning and fixed disjoint batches (Alg. 1; Alg. 4 under DDP).
+
+    Before the first step (``on_fit_start``), once per model: Laplace noise ``chi1`` (inputs, scale
+    ``Delta_R / (m epsilon1)``), ``chi2`` (first hidden layer, ``2 Delta_R / (m epsilon1)``) and ``chi3`` (label
+    coefficients, ``Delta_L2 / epsilon2``) is drawn into the network's buffers, and the training set is cut into
+    fixed disjoint batches of ``m`` (a buffer as well), both from secret randomness
+    (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`). A resumed fit restores both from the
+    checkpoint and draws nothing. Each step then takes a benign batch and a different adversarial-source batch;
+    crafts DP adversarial examples from the source's perturbed inputs with I-FGSM, MIM and PGD at a random size
+    ``mu_t ~ U(0, mu_max]`` against predicted labels; updates ``theta1`` on the Taylor reconstruction loss of both and
+    ``theta2`` on the Taylor cross-entropy ``(L_benign + xi L_adv) / (m (1 + xi))`` with ``chi3``. ``theta2``'s loss
+    reads ``h_bar`` detached, ``theta1``'s loss never reaches ``theta2``. After each step ``theta1`` is projected to
+    input norm ``<= theta1_bound`` (``Delta_h``). Under DDP each rank owns fixed pairs of batches (Alg. 4) and the
+    gradients are averaged (the parameter server's rule).
+
+    Guarantee (Theorem 4, as the paper states it): ``epsilon = epsilon1 (1 + 1/gamma_x + 1/gamma) + epsilon2``-DP
+    (pure, ``delta = 0``) for the parameters, whatever the number of steps, recorded in :attr:`ledger` as four
+    Laplace releases. It assumes: one noise draw, the same disjoint batches in every epoch, inputs and ``h`` in
+    ``[-1, 1]``, ``h_pi`` in ``[-1, 1]``, and the paper's accounting (``Delta_x = 1``; the ``epsilon1 3 beta /
+    Delta_R`` cost of the ``theta1`` gradient dropped as negligible; one ``chi2`` shared by all coordinates; each
+    feature map of the first layer counted separately), see spec section 15 item 9. The noise sits in the released
+    weights because inference uses the training draw (Appendix N).
+
+    Args:
+        epsilon: total budget ``epsilon`` of Theorem 4.
+        budget_split: ``"mnist"``, ``"cifar10"`` or ``"tiny_imagenet"`` (Appendix P).
+        batch_size: ``m``, the size of each fixed batch (the data module's ``batch_size`` is not used in training).
+        xi: weight of the adversarial loss (Eq. 9).
+        psi: shrink of the fresh inference noise (Appendix N).
+        attack_steps: ``T_mu`` of the training attacks (step ``mu_t / T_mu``).
+        mu_max: largest training attack size in the paper's ``[-1, 1]`` units (``mu_max / 2`` in pixel units).
+        theta1_bound: ``Delta_h``.
+        reconstruction: ``"absolute"`` (bounded below, the authors' code) or ``"linear"`` (Eq. 6).
+        noise_seed: fix the noise and the batches (test mode, warned); ``None``: secret randomness.
+        attack_seed: seed of ``mu_t`` and of PGD's random starts (public randomness).
+        model_kwargs: architecture of :class:`~lightning_dprobust.models.stobatch.StoBatchNet`.
+        **kwargs: see :class:`~lightning_dprobust.methods.base.ClassifierModule` (``mean``/``std`` are ignored: the
+            network maps ``[0, 1]`` to ``[-1, 1]`` itself).
+    """
+
+    def __init__(
+        self,
+        epsilon: float = 2.0,
+        budget_split: sb.BudgetSplit = "mnist",
+        batch_size: int = 120,
+        xi: float = 1.0,
+        psi: float = 2.0,
+        attack_steps: int = 10,
+        mu_max: float = 1.0,
+        theta1_bound: float = 1.0,
+        reconstruction: sb.ReconstructionForm = "absolute",
+        noise_seed: int | None = None,
+        attack_seed: int = 0,
+        model_kwargs: dict[str, Any] | None = None,
+        optimizer: str = "adam",
+        lr: float = 1e-3,
+        **kwargs: Any,
+    ) -> None:
+        _check_arguments(batch_size, xi, psi, attack_steps, mu_max, theta1_bound, reconstruction)
+        kwargs.pop("model", None), kwargs.pop("mean", None), kwargs.pop("std", None)
+        net_kwargs = {
+            **(model_kwargs or {}),
+            "batch_size": batch_size,
+            "epsilon": epsilon,
+            "budget_split": budget_split,
+            "theta1_bound": theta1_bound,
+            "psi": psi,
+        }
+        super().__init__(model="stobatch_cnn", model_kwargs=net_kwargs, optimizer=optimizer, lr=lr, **kwargs)
+        self.randomness = DPRandomness(noise_seed, owner="StoBatch")
+        self.ledger = PrivacyLedger()
+        self.register_buffer("batches", torch.zeros(0, batch_size, dtype=torch.long))
+        self.privacy_delta = 0.0
+
+    @property
+    def net(self) -> StoBatchNet:
+        """The :class:`StoBatchNet` behind the (identity) normalization."""
+        return self.model.net
+
+    # ------------------------------------------------------------------------------------------- the privacy layer
+    def on_fit_start(self) -> None:
+        """Draw the noise once (secret randomness, the same on every rank) and record the four Laplace releases."""
+        if not bool(self.net.noise_drawn) or self.batches.numel() == 0:
+            self.randomness.next_fit()
+            self.randomness.start(self.trainer)
+        if not bool(self.net.noise_drawn):
+            self.net.draw_noise(self.randomness.noise_generator(0, self.device))
+        self._record_privacy()
+        source = self.trainer.datamodule if self.trainer.datamodule is not None else self
+        original = source.train_dataloader
+        source.train_dataloader = lambda: self._fixed_loader(original())
+        self._loader_source = source
+
+    def _fixed_loader(self, loader: DataLoader) -> DataLoader:
+        """The data module's dataset served in fixed pairs of fixed disjoint batches (drawn on the first call)."""
+        if self.batches.numel() == 0:
+            generator = torch.Generator().manual_seed(self.randomness.mask_seed())
+            self.batches = sb.fixed_disjoint_batches(len(loader.dataset), self.hparams.batch_size, generator)
+        pairs = sb.step_pairs(len(self.batches), self.trainer.world_size, self.trainer.global_rank)
+        sampler = FixedPairSampler(self.batches.cpu(), pairs)
+        return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers)
+
+    def _record_privacy(self) -> None:
+        net = self.net
+        releases = (net.epsilon1, net.epsilon1 / net.gamma_x, net.epsilon1 / net.gamma, net.epsilon2)
+        for source, epsilon in zip(SOURCES, releases, strict=True):
+            self.ledger.record_laplace(source, epsilon)
+
+    def setup(self, stage: str) -> None:
+        connector = self.trainer._accelerator_connector
+        if stage == "fit" and connector.is_distributed and connector.use_distributed_sampler:
+            raise MisconfigurationException(
+                "StoBatch: under DDP each rank trains on its own fixed batches; set Trainer(use_distributed_sampler="
+                "False) (trainer.use_distributed_sampler: false in the config)"
+            )
+
+    def teardown(self, stage: str) -> None:
+        source = getattr(self, "_loader_source", None)
+        if stage == "fit" and source is not None and "train_dataloader" in vars(source):
+            del source.train_dataloader
+
+    # ------------------------------------------------------------------------------------------------ the losses
+    def stobatch_losses(self, x: Tensor, y: Tensor, mu: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """``(R_bar, L_bar)`` of one step on a ``2m`` batch: ``m`` benign examples, then ``m`` adversarial sources.
+
+        ``R_bar`` (Eq. 6, Theorem 2) depends on ``theta1`` only, ``L_bar`` (Eq. 9 with ``chi3``) on ``theta2`` only.
+        The true labels of the sources are used only for the adversarial loss, never for crafting.
+        """
+        m, net, xi = self.hparams.batch_size, self.net, self.hparams.xi
+        x_bar = net.perturb(x)
+        adversarial = ensemble_attack(
+            lambda z: net.classify(net.hidden(z)), x_bar[m:], mu, self.hparams.attack_steps, generator
+        )
+        inputs = torch.cat([x_bar[:m], adversarial])
+        h_bar = net.hidden(inputs).detach()
+        reconstruction = sb.reconstruction_loss(inputs, net.reconstruct(h_bar), self.hparams.reconstruction) / (2 * m)
+        logits = net.classify(h_bar)
+        targets = F.one_hot(y, self.num_classes).to(logits.dtype)
+        noise = sb.label_noise_term(net.label_noise, net.head.weight)
+        benign = sb.taylor_cross_entropy(logits[:m], targets[:m]) - noise
+        adversarial_loss = sb.taylor_cross_entropy(logits[m:], targets[m:]) - noise
+        return reconstruction, (benign + xi * adversarial_loss) / (m * (1 + xi))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        check_batch(x, y, self.num_classes, self.input_shape)
+        if len(x) != 2 * self.hparams.batch_size:
+            raise RuntimeError(f"StoBatch expects batches of 2 m = {2 * self.hparams.batch_size}, got {len(x)}")
+        seed = derive_seed(self.hparams.attack_seed, "stobatch", self.global_rank, self.global_step)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        u = torch.rand((), generator=generator, device=self.device)
+        mu = float(self.hparams.mu_max * (1 - u))  # mu_t in (0, mu_max]
+        reconstruction, classification = self.stobatch_losses(x, y, mu, generator)
+        self.log_dict({"train/reconstruction": reconstruction, "train/loss": classification}, prog_bar=True)
+        return reconstruction + classification
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Keep ``theta1``'s input norm ``<= Delta_h`` so that ``gamma`` stays what the budget split assumed."""
+        sb.project_theta1(self.net.encoder.weight, self.hparams.theta1_bound)
+
+    def on_fit_end(self) -> None:
+        net = self.net
+        rank_zero_info(
+            f"StoBatch: epsilon = {self.ledger.epsilon(0.0):.4g} (pure DP, delta = 0; epsilon1 = {net.epsilon1:.4g}, "
+            f"epsilon2 = {net.epsilon2:.4g}, gamma_x = {net.gamma_x:.4g}, gamma = {net.gamma:.4g}); the same whatever "
+            "the number of steps"
+        )
+
+    # -------------------------------------------------------------------------------------- PixelDP certification
+    pixeldp_attack_norm = "linf"
+
+    def pixeldp_scores(self, x: Tensor, n: int, generator: torch.Generator) -> Tensor:
+        """See :meth:`StoBatchNet.pixeldp_scores` (``[n, B, K]``, ``x`` in ``[0, 1]``)."""
+        return self.net.pixeldp_scores(x, n, generator)
+
+    def pixeldp_radius_scale(self) -> float:
+        """See :meth:`StoBatchNet.pixeldp_radius_scale` (pixel units)."""
+        return self.net.pixeldp_radius_scale()
+
+    # -------------------------------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["privacy_ledger"] = self.ledger.state_dict()
+        checkpoint["stobatch_randomness"] = self.randomness.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the ledger, and size the batches buffer so that the saved batches load into it."""
+        self.batches = torch.zeros_like(checkpoint["state_dict"]["batches"])
+        super().on_load_checkpoint(checkpoint)
+        if "privacy_ledger" in checkpoint:
+            self.ledger.load_state_dict(checkpoint["privacy_ledger"])
+        self.randomness.load_state_dict(checkpoint.get("stobatch_randomness", {}))
+
+
+def _check_arguments(batch_size: int, xi: float, psi: float, steps: int, mu_max: float, bound: float, form: str):
+    """One clear line for each argument out of range."""
+    checks = (
+        (isinstance(batch_size, int) and batch_size >= 3, f"batch_size={batch_size!r} must be an int >= 3 (m)"),
+        (xi >= 0, f"xi={xi!r} must be >= 0 (the paper uses 1 or 1.5)"),
+        (psi >= 1, f"psi={psi!r} must be >= 1 (it shrinks the inference noise; the paper uses 2 or 10)"),
+        (isinstance(steps, int) and steps >= 1, f"attack_steps={steps!r} must be an int >= 1"),
+        (0 < mu_max <= 2, f"mu_max={mu_max!r} must lie in (0, 2] ([-1, 1] units; the paper draws mu_t in (0, 1])"),
+        (bound > 0, f"theta1_bound={bound!r} must be > 0"),
+        (form in ("absolute", "linear"), f"reconstruction={form!r} must be 'absolute' or 'linear'"),
+    )
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)

@@ -1,5 +1,6 @@
 """One LightningModule per paper; shared steps live in :mod:`lightning_dprobust.methods.base`."""
 
+from lightning_dprobust.methods.ain import AIN
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.methods.dpadv import DPAdv
 from lightning_dprobust.methods.dpcert import DPCert
@@ -8,4 +9,13 @@ from lightning_dprobust.methods.registry import register_method
 from lightning_dprobust.methods.residual import ResidualPerturbation
 from lightning_dprobust.methods.transdenoiser import TransDenoiser
 
-__all__ = ["DPSGD", "ClassifierModule", "DPAdv", "DPCert", "ResidualPerturbation", "TransDenoiser", "register_method"]
+__all__ = [
+    "AIN",
+    "DPSGD",
+    "ClassifierModule",
+    "DPAdv",
+    "DPCert",
+    "ResidualPerturbation",
+    "TransDenoiser",
+    "register_method",
+]

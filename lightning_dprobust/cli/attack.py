@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 _ATTACK_ALIASES = frozenset({"MIM"})
 """Suite names that repeat another entry (``MIM`` is ``MIFGSM``), left out of ``--attack all``."""
-_ATTACK_OPTIONS = ("steps", "n_classes", "seed")
+_NEEDS_AIN = "AIN"
+"""The suite's learned attack: run only when ``--ain`` names a trained AIN (``--attack all`` includes it then)."""
+_ATTACK_OPTIONS = ("steps", "n_classes", "seed", "ain")
 """Command options passed to an attack builder when its signature names them."""
 
 
@@ -48,15 +50,22 @@ def _attack_parser() -> CommandParser:
     )
     add("--eps", type=float, default=8 / 255, help="budget in pixel units, Linf or L2 by attack (default: 8/255)")
     add("--steps", type=int, default=None, help="iterations of the attacks that take a step count")
+    add(
+        "--ain",
+        default=None,
+        metavar="AIN",
+        help="trained AIN for --attack AIN: an AIN .ckpt or a zoo entry of kind attack",
+    )
     return parser
 
 
-def _attack_names(requested: Sequence[str] | None) -> list[str]:
+def _attack_names(requested: Sequence[str] | None, ain: str | None = None) -> list[str]:
     from lightning_dprobust.robustness.attacks import ATTACKS
 
     names: list[str] = []
+    skipped = _ATTACK_ALIASES if ain else _ATTACK_ALIASES | {_NEEDS_AIN}
     for name in requested or ["PGD"]:
-        chosen = [key for key in ATTACKS if key not in _ATTACK_ALIASES] if name.lower() == "all" else [name.upper()]
+        chosen = [key for key in ATTACKS if key not in skipped] if name.lower() == "all" else [name.upper()]
         for key in chosen:
             if key not in ATTACKS:
                 raise ValueError(f"--attack {name!r} is unknown: choose from {sorted(ATTACKS)} or 'all'")
@@ -70,7 +79,7 @@ def _build_attack(name: str, model: nn.Module, args: argparse.Namespace, n_class
     from lightning_dprobust.robustness.randomness import attack_seed
 
     accepted = inspect.signature(ATTACKS[name]).parameters
-    values = {"steps": args.steps, "n_classes": n_classes, "seed": attack_seed(args.seed, name)}
+    values = {"steps": args.steps, "n_classes": n_classes, "seed": attack_seed(args.seed, name), "ain": args.ain}
     kwargs = {key: values[key] for key in _ATTACK_OPTIONS if key in accepted and values[key] is not None}
     return build_attack(name, model, args.eps, **kwargs)
 
@@ -96,7 +105,11 @@ def attack_command(argv: Sequence[str]) -> None:
     check_common(args)
     require(math.isfinite(args.eps) and args.eps >= 0, "--eps", args.eps, "a finite number >= 0")
     require(args.steps is None or args.steps >= 1, "--steps", args.steps, "an integer >= 1")
-    names, device = _attack_names(args.attack), resolve_device(args.device)
+    names, device = _attack_names(args.attack, args.ain), resolve_device(args.device)
+    require(
+        _NEEDS_AIN not in names or args.ain, "--ain", args.ain, "a trained AIN (.ckpt or zoo entry) with --attack AIN"
+    )
+    require(_NEEDS_AIN in names or not args.ain, "--ain", args.ain, "given only with --attack AIN (or all)")
     models = load_models(args.ckpt, device)
     dataset, num_classes = load_split(args)
     check_models_fit(models, dataset, num_classes, args.data)

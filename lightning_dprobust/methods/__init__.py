@@ -1,5 +1,6 @@
 """One LightningModule per paper; shared steps live in :mod:`lightning_dprobust.methods.base`."""
 
+from lightning_dprobust.methods.ain import AIN
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.methods.dpadv import DPAdv
 from lightning_dprobust.methods.dpcert import DPCert
@@ -10,6 +11,7 @@ from lightning_dprobust.methods.stobatch import StoBatch
 from lightning_dprobust.methods.transdenoiser import TransDenoiser
 
 __all__ = [
+    "AIN",
     "DPSGD",
     "ClassifierModule",
     "DPAdv",

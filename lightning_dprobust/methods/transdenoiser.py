@@ -21,9 +21,14 @@ SLICES = ("first", "middle", "last")
 
 
 def load_public_classifier(
-    classifier: str | nn.Module, num_classes: int, input_shape: Sequence[int], pretrained: bool = True
+    classifier: str | nn.Module,
+    num_classes: int,
+    input_shape: Sequence[int],
+    pretrained: bool = True,
+    owner: str = "TransDenoiser(classifier",
 ) -> nn.Module:
     """The frozen public classifier ``h``: a module, a zoo entry name, or ``timm/<arch>`` (with timm's weights).
+    ``owner`` starts the error messages (the argument that named the classifier).
 
     Raises:
         ValueError: the name is neither a zoo entry nor a timm architecture, or the entry cannot be loaded (e.g. it
@@ -38,13 +43,13 @@ def load_public_classifier(
     names = {entry.name for entry in zoo.list_entries()}
     if classifier not in names:
         raise ValueError(
-            f"TransDenoiser(classifier={classifier!r}) is neither a zoo entry nor 'timm/<arch>': pass a public "
+            f"{owner}={classifier!r}) is neither a zoo entry nor 'timm/<arch>': pass a public "
             "pre-trained classifier, e.g. 'mlp_tanh.erm_digits' (see `dprobust zoo list`)"
         )
     try:
         return zoo.load(classifier)
     except zoo.ZooError as error:  # e.g. a recipe entry without weights yet
-        raise ValueError(f"TransDenoiser(classifier={classifier!r}): {error}") from error
+        raise ValueError(f"{owner}={classifier!r}): {error}") from error
 
 
 class TransDenoiser(ClassifierModule):

@@ -7,6 +7,7 @@ per-example gradient clipping.
 
 from __future__ import annotations
 
+from lightning_dprobust.models.ain import AINGenerator
 from lightning_dprobust.models.cnn import CNNTanh, MLPTanh
 from lightning_dprobust.models.denoised import DenoisedClassifier
 from lightning_dprobust.models.dncnn import DnCNN
@@ -18,6 +19,7 @@ from lightning_dprobust.models.resnet8 import PreActBlock, PreActResNet8
 from lightning_dprobust.models.stobatch import StoBatchNet
 
 __all__ = [
+    "AINGenerator",
     "CNNTanh",
     "DenoisedClassifier",
     "DnCNN",

@@ -94,8 +94,16 @@ ATTACKS: dict[str, AttackBuilder] = {
     "MIM": _iterative(torchattacks.MIFGSM, _even_step),
     "CW": _cw,
     "AUTOATTACK": _autoattack,
+    "AIN": lambda model, eps, ain=None, n_samples=1, seed=0: _ain_attack(model, eps, ain, n_samples, seed),
 }
 """Builders by upper-case name; ``MIM`` is an alias of ``MIFGSM``."""
+
+
+def _ain_attack(model: nn.Module, eps: float, ain: Any, n_samples: int, seed: int) -> Attack:
+    from lightning_dprobust.robustness.ain_attack import ain_attack
+
+    return ain_attack(model, eps, ain, n_samples=n_samples, seed=seed)
+
 
 #: Attacks whose budget is an L2 radius; the others are Linf (CW has no budget).
 L2_ATTACKS = frozenset({"PGDL2"})
@@ -122,6 +130,8 @@ def build_attack(name: str, model: nn.Module, eps: float, **kwargs: Any) -> Atta
                       APGD-T, FAB-T, Square with 5,000 queries: slow), ``"plus"``, ``"rand"``, or ``"custom"``
                       with ``attacks_to_run`` (subset of ``apgd-ce, apgd-dlr, apgd-t, fab-t, square``), ``steps``
                       and ``n_queries``, which only ``"custom"`` uses; ``n_classes=10``, ``seed=0``
+    AIN        Linf   Tang 2021 (PhD thesis, chapter 5): a trained generator, ``ain=<AIN .ckpt or zoo entry of kind
+                      attack>`` (required), ``n_samples=1``, ``seed=0``; ``eps`` >= the bound it was trained to
     ========== ====== ============================================================================================
 
     Names are case-insensitive. Every returned attack maps ``[0, 1]`` images to ``[0, 1]`` images; all but CW stay

@@ -27,6 +27,7 @@ import torchattacks
 from torch import Tensor
 from torchattacks.attack import Attack
 
+from lightning_dprobust.robustness.ain_attack import AINAttack
 from lightning_dprobust.robustness.attacks import SmoothAdv
 from lightning_dprobust.robustness.multilabel import MultilabelFGSM
 from lightning_dprobust.robustness.randomness import isolated_rng, seed_everything_quietly
@@ -40,6 +41,7 @@ SEPARABLE_ATTACKS: dict[type[Attack], str] = {
     torchattacks.DeepFool: "runs one example at a time; each example stops on its own",
     SmoothAdv: "per-example normalized steps on each example's own noise draws",
     MultilabelFGSM: "one signed gradient step of the summed BCE loss",
+    AINAttack: "one generator pass per example (per-example layer norms), noise drawn elementwise from its generator",
 }
 """Attacks whose batched run is separable (torchattacks 3.5.1 sources checked), with the reason."""
 

@@ -17,8 +17,10 @@ from torch import nn
 from lightning_dprobust.models import create_model
 
 STATUSES = ("shipped", "recipe")
-KINDS = ("classifier", "denoiser")
-"""A denoiser entry's model maps images to images; ``meta.classifier`` names the zoo classifier it was trained for."""
+KINDS = ("classifier", "denoiser", "attack")
+"""A denoiser entry's model maps images to images; ``meta.classifier`` names the zoo classifier it was trained for.
+An attack entry is a trained AIN generator; ``meta.classifier`` names the zoo classifier it was trained against."""
+_NEEDS_CLASSIFIER = ("denoiser", "attack")
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps")
 ENTRY_KEYS = ("name", "status", "url", "file", "sha256", "model", "preprocessing", "meta")
 META_KEYS = ("dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe")
@@ -78,7 +80,7 @@ class Entry:
             ``robustness`` (the attack a build evaluates) and ``certification`` (``n0``, ``n``, ``alpha``, ``skip``
             of the build's certification, where they differ from the defaults); for denoisers ``classifier``, the zoo
             entry of the public classifier the denoiser was trained for.
-        kind: ``"classifier"`` (default; not written to the YAML) or ``"denoiser"``.
+        kind: ``"classifier"`` (default; not written to the YAML), ``"denoiser"`` or ``"attack"`` (an AIN generator).
     """
 
     name: str
@@ -167,9 +169,9 @@ def _check_kind(data: dict[str, Any], source: str) -> None:
     if kind not in KINDS:
         raise catalog_error(source, f"kind {kind!r} must be one of {KINDS}")
     classifier = data["meta"].get("classifier") if isinstance(data["meta"], dict) else None
-    if (kind == "denoiser") != isinstance(classifier, str):
+    if (kind in _NEEDS_CLASSIFIER) != isinstance(classifier, str):
         raise catalog_error(
-            source, "a denoiser entry (kind: denoiser) needs meta.classifier naming its zoo classifier; others none"
+            source, "a denoiser or attack entry needs meta.classifier naming its zoo classifier; others none"
         )
 
 

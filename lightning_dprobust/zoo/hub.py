@@ -168,7 +168,8 @@ class Zoo:
     def load(self, name: str) -> nn.Module:
         """The entry's model with its verified weights, on CPU in eval mode (inputs: images in ``[0, 1]``).
 
-        A denoiser entry comes back in front of its classifier (``meta.classifier``): ``h(g(x))``, ready to certify.
+        A denoiser entry comes back in front of its classifier (``meta.classifier``): ``h(g(x))``, ready to certify;
+        an attack entry comes back as its bare AIN generator (``AINAttack`` wraps it).
 
         Raises:
             UnsafeCheckpointError: if the file holds anything but a flat ``{name: tensor}`` state dict.
@@ -180,6 +181,8 @@ class Zoo:
         fit_state_dict(model, state, f"the weights of {name!r} do not fit its model {entry.model['name']}")
         if entry.kind == "denoiser":
             return DenoisedClassifier(self.load(entry.meta["classifier"]), model).eval()
+        if entry.kind == "attack":  # an AIN generator takes (images, labels): no normalization layer in front
+            return model.net.eval()
         return model.eval()
 
 

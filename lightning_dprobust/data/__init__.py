@@ -7,6 +7,8 @@ from lightning_dprobust.data.celeba import CelebADataModule
 from lightning_dprobust.data.cifar10 import CIFAR10DataModule
 from lightning_dprobust.data.cifar100 import CIFAR100DataModule
 from lightning_dprobust.data.digits import DigitsDataModule
+from lightning_dprobust.data.ehr import EHRDataModule
+from lightning_dprobust.data.ehr_schema import EHRSchema
 from lightning_dprobust.data.idc import IDCDataModule
 from lightning_dprobust.data.mnist import FashionMNISTDataModule, MNISTDataModule
 from lightning_dprobust.data.mnist5k import MNIST5kDataModule
@@ -31,6 +33,8 @@ __all__ = [
     "CelebADataModule",
     "DatasetNotFoundError",
     "DigitsDataModule",
+    "EHRDataModule",
+    "EHRSchema",
     "FashionMNISTDataModule",
     "IDCDataModule",
     "ImageDataModule",

@@ -23,8 +23,8 @@ checkpointed, so a resumed run reports the epsilon of an unbroken one.
 
 ``clip_mode="batch"`` reproduces the thesis and its code (pyvacy with one micro-batch): the batch-mean gradient is
 clipped to ``C`` and ``N(0, (noise_multiplier C)^2)`` is added. One example then moves the clipped mean by up to
-``2 C``, so no DP guarantee follows; its epsilon is recorded as **nominal** (``privacy/nominal_epsilon``), never as
-a guarantee. A subclass whose choice of private components leaves a leak says so through :meth:`nominal_reason`
+``2 C``, so no DP guarantee follows; the epsilon the thesis would claim (the accountant at ``noise_multiplier``, one
+event per iteration) is recorded as **nominal** (``privacy/nominal_epsilon``), never as a guarantee. A subclass whose choice of private components leaves a leak says so through :meth:`nominal_reason`
 and gets the same treatment.
 """
 
@@ -232,8 +232,10 @@ class GenerativeDPModule(L.LightningModule):
         if self.noise_multiplier == 0:
             self._zero_noise_steps += 1
             return
-        ledger = self.ledger if self.nominal_reason() is None else self._nominal_ledger
-        ledger.record(self.noise_multiplier / math.sqrt(releases), self.loaders.sample_rate)
+        if self.nominal_reason() is None:
+            self.ledger.record(self.noise_multiplier / math.sqrt(releases), self.loaders.sample_rate)
+        else:  # the thesis's claim: one Gaussian mechanism at noise_multiplier per iteration
+            self._nominal_ledger.record(self.noise_multiplier, self.loaders.sample_rate)
 
     def epsilon(self, delta: float | None = None) -> float:
         """Epsilon of the guarantee so far (``inf`` without DP, after a noiseless step, or when only nominal)."""

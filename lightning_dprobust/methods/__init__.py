@@ -5,6 +5,7 @@ from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.methods.dpadv import DPAdv
 from lightning_dprobust.methods.dpcert import DPCert
 from lightning_dprobust.methods.dpsgd import DPSGD
+from lightning_dprobust.methods.igamt import IGAMT
 from lightning_dprobust.methods.registry import register_method
 from lightning_dprobust.methods.residual import ResidualPerturbation
 from lightning_dprobust.methods.stobatch import StoBatch
@@ -18,6 +19,7 @@ __all__ = [
     "DPCert",
     "ResidualPerturbation",
     "StoBatch",
+    "IGAMT",
     "TransDenoiser",
     "register_method",
 ]

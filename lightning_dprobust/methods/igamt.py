@@ -1,0 +1,339 @@
+"""IGAMT: Imitative Generative Adversarial Mixed-embedding Transformer for differentially private synthesis of
+temporal EHRs with missing values and irregular times (Tang 2021, PhD thesis, Emory University, chapter 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import Tensor, nn
+
+from lightning_dprobust.methods import igamt_losses as losses
+from lightning_dprobust.methods.generative_base import GenerativeDPModule
+from lightning_dprobust.models.ehr_release import ReleasedSynthesizer, assemble
+from lightning_dprobust.models.ehr_transformer import (
+    DecoderBody,
+    EHRDecoder,
+    EHREncoder,
+    Generator,
+    LatentCritic,
+    OutputHeads,
+    SequenceCritic,
+    StepEmbedding,
+    generate,
+    sample_start,
+    static_slots,
+)
+
+Variant = Literal["igamt", "w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var"]
+VARIANTS: dict[str, tuple[bool, bool, bool, bool]] = {
+    # name: (time embedding, static embedding, mask critic D_m, imitator Dec_i)
+    "igamt": (True, True, True, True),
+    "w/o_emb": (False, False, False, False),
+    "only_t_emb": (True, False, False, False),
+    "w/o_imi": (True, True, False, False),
+    "w/o_imi_var": (True, True, True, False),
+}
+THESIS_LEAK = (
+    "strict_dp=False (the thesis wiring): Enc and Dec's hidden layers learn from real data without noise and feed the "
+    "noised components and the imitator, so one record's influence on the release is not bounded"
+)
+
+
+class IGAMT(GenerativeDPModule):
+    """IGAMT on EHR batches ``(x, m)`` ``[B, 1 + T, F]`` (see ``models/ehr_transformer.py`` for the data contract).
+
+    Training (thesis Algorithm 1, EDGAMT base): per batch, when ``t % critic_freq_base < critic_freq_hit`` the
+    critics D_x, D_z, D_m take one WGAN-GP step (Eqs 4.1, 4.2, ``l_dm``); then Enc (Eq 4.4), Dec (Eq 4.3 + ``D_m``
+    terms), the imitator Dec_i (Eq 4.5; its optimizer excludes Dec's shared last layer) and G (Eq 4.6). Learning rates
+    ``lr`` (Enc, Dec, Dec_i, G) and ``critic_lr``, decayed by ``lr_decay`` (0.99) per epoch; Adam throughout.
+
+    Privacy (``noise_multiplier`` not ``None``), through :class:`GenerativeDPModule`:
+
+    * ``strict_dp=True`` (default): every component whose gradient reads real data, directly or through a component
+      trained without noise, is private: the critics (jointly clipped), Enc and Dec (all layers). Dec_i's imitation
+      targets that read real data (``MSE(x m, .)`` and ``MSE(x^ m^, .)``) are **dropped**; Dec_i then learns from
+      D_x, D_m (private) and Dec's synthesis ``x~`` from G's draws (public), and G from D_z: both are
+      post-processing. The epsilon is a guarantee for everything trained, the release included.
+    * ``strict_dp=False``: the thesis: noise only on D_x, D_z, D_m and Dec's last layer (on all of Dec and the
+      critics in the ablations without an imitator, thesis 4.2.4), Dec_i keeps all three targets. Enc and Dec's hidden
+      layers then carry un-noised information about every record into the noised components' per-example gradients
+      and into Dec_i (spec 4.6 caveat 2, and more), so the accountant's number is **nominal**, never a guarantee.
+
+    Released artifact (:meth:`release`): {G, Dec_i, Dec.last} (+ Dec_i's embeddings), or {G, Dec} without an
+    imitator; it synthesizes from the static features' ranges alone.
+
+    Args:
+        num_features: ``F``. static_continuous / static_groups: the static layout of step 0 (continuous slots, then
+            one one-hot group per entry, e.g. ``(2, 3)`` for gender and race).
+        max_steps: the longest temporal sequence ``T``. d_model, heads, layers, d_ff: the transformers' sizes.
+        noise_size: G's input. critic_hidden: the critics' width.
+        variant: ``"igamt"`` or an ablation: ``"w/o_emb"``, ``"only_t_emb"``, ``"w/o_imi"``, ``"w/o_imi_var"``.
+        strict_dp: see above. real_weight: the real-term weight of the critic losses (``None``: the number of
+            fake sources, 3 in Eq 4.1). gp_weight: WGAN-GP coefficient. recon_weight: weight of the reconstruction.
+        critic_freq_base / critic_freq_hit: ``fb`` / ``fh`` of the critic schedule.
+        synthetic_batch_size: G's and Dec_i's draws per step (independent of the Poisson batch size, which is private).
+        **dp_kwargs: see :class:`GenerativeDPModule` (``noise_multiplier``, ``max_grad_norm``, ``clip_mode``, ...).
+    """
+
+    def __init__(
+        self,
+        num_features: int = 9,
+        static_continuous: int = 2,
+        static_groups: Sequence[int] = (2, 3),
+        max_steps: int = 50,
+        d_model: int = 32,
+        heads: int = 2,
+        layers: int = 1,
+        d_ff: int = 64,
+        noise_size: int = 32,
+        critic_hidden: int = 32,
+        variant: Variant = "igamt",
+        strict_dp: bool = True,
+        real_weight: float | None = None,
+        gp_weight: float = 10.0,
+        recon_weight: float = 10.0,
+        critic_freq_base: int = 5,
+        critic_freq_hit: int = 1,
+        lr: float = 5e-4,
+        critic_lr: float = 1e-4,
+        synthetic_batch_size: int = 32,
+        **dp_kwargs: Any,
+    ) -> None:
+        super().__init__(**dp_kwargs)
+        if variant not in VARIANTS:
+            raise MisconfigurationException(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+        if not 0 < critic_freq_hit <= critic_freq_base:
+            raise MisconfigurationException(
+                f"need 0 < critic_freq_hit <= critic_freq_base, got {critic_freq_hit} and {critic_freq_base}"
+            )
+        self.save_hyperparameters()
+        self.static_groups = tuple(int(g) for g in static_groups)
+        self.num_static = static_slots(static_continuous, self.static_groups, num_features)
+        time, static, self.has_mask_critic, self.has_imitator = VARIANTS[variant]
+        static = static and self.num_static > 0
+        sizes = (d_model, heads, d_ff, layers)
+
+        def embedding() -> StepEmbedding:
+            return StepEmbedding(num_features, d_model, max_steps, self.num_static, time, static)
+
+        self.encoder = EHREncoder(embedding(), *sizes)
+        self.decoder = EHRDecoder(DecoderBody(embedding(), *sizes), OutputHeads(d_model, num_features))
+        self.imitator = DecoderBody(embedding(), *sizes) if self.has_imitator else None
+        self.generator = Generator(noise_size, d_model, critic_hidden)
+        self.critic_x = SequenceCritic(num_features, critic_hidden)
+        self.critic_z = LatentCritic(d_model, critic_hidden)
+        self.critic_m = SequenceCritic(num_features, critic_hidden) if self.has_mask_critic else None
+        self.ehr_schema: dict[str, Any] | None = None
+        self.iteration = 0
+
+    # ------------------------------------------------------------------------------------------- components
+    def component_modules(self) -> dict[str, list[nn.Module]]:
+        critics = [c for c in (self.critic_x, self.critic_z, self.critic_m) if c is not None]
+        parts: dict[str, list[nn.Module]] = {"critics": critics, "encoder": [self.encoder]}
+        if self._split_decoder():
+            parts |= {"decoder_body": [self.decoder.body], "decoder_last": [self.decoder.last]}
+        else:
+            parts["decoder"] = [self.decoder]
+        if self.imitator is not None:
+            parts["imitator"] = [self.imitator]
+        return parts | {"generator": [self.generator]}
+
+    def _split_decoder(self) -> bool:
+        """The thesis noises Dec's last layer only, which needs its own optimizer (with an imitator, non-strict)."""
+        return self.imitator is not None and not self.hparams.strict_dp
+
+    def private_components(self) -> frozenset[str]:
+        if self.hparams.strict_dp:
+            return frozenset({"critics", "encoder", "decoder"})
+        return frozenset({"critics", "decoder_last" if self._split_decoder() else "decoder"})
+
+    def learning_rates(self) -> dict[str, float]:
+        return {
+            name: self.hparams.critic_lr if name == "critics" else self.hparams.lr for name in self.component_modules()
+        }
+
+    def nominal_reason(self) -> str | None:
+        return super().nominal_reason() or (None if self.hparams.strict_dp else THESIS_LEAK)
+
+    # ------------------------------------------------------------------------------------------- forward parts
+    def reconstruct(self, x: Tensor, m: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher-forced Dec: steps ``0..T-1`` -> ``(x^, m^)`` of steps ``1..T``, with the real step 0 prepended."""
+        x_hat, m_hat = self.decoder(x[:, :-1], m[:, :-1], z)
+        return torch.cat([x[:, :1], x_hat], dim=1), torch.cat([m[:, :1], m_hat], dim=1)
+
+    def synthesize_with(self, body: DecoderBody, z: Tensor, start_x: Tensor, start_m: Tensor, steps: int):
+        """Autoregressive synthesis through ``body`` and Dec's (shared) last layer."""
+        return generate(body, self.decoder.last, z, start_x, start_m, steps)
+
+    def draws(self, n: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """G's noise ``s`` and start steps for ``n`` synthetic records (public randomness: no real data)."""
+        hp = self.hparams
+        start_x, start_m = sample_start(n, hp.num_features, hp.static_continuous, self.static_groups)
+        return torch.randn(n, hp.noise_size, device=device), start_x.to(device), start_m.to(device)
+
+    # ------------------------------------------------------------------------------------------- losses
+    def critics_loss(self, x, m, x_hat, m_hat, z, z_syn, x_syn, m_syn, x_imi, m_imi, alpha) -> Tensor:
+        """``l_dx + l_dz (+ l_dm)`` with WGAN-GP, per example (fakes paired with example ``i``; all detached)."""
+        hp = self.hparams
+        fakes = [(x_hat, m_hat), (x_syn, m_syn)] + ([(x_imi, m_imi)] if self.imitator is not None else [])
+        real = x * m
+        loss = losses.critic_loss(self.critic_x(real), [self.critic_x(a * b) for a, b in fakes], hp.real_weight)
+        loss = loss + losses.critic_loss(self.critic_z(z), [self.critic_z(z_syn)], hp.real_weight)
+        for a, b in fakes:
+            loss = loss + hp.gp_weight * losses.gradient_penalty(self.critic_x, real, a * b, alpha)
+        loss = loss + hp.gp_weight * losses.gradient_penalty(self.critic_z, z, z_syn, alpha)
+        if self.critic_m is not None:
+            loss = loss + losses.critic_loss(self.critic_m(m), [self.critic_m(b) for _, b in fakes], hp.real_weight)
+            for _, b in fakes:
+                loss = loss + hp.gp_weight * losses.gradient_penalty(self.critic_m, m, b, alpha)
+        return loss
+
+    def encoder_loss(self, x: Tensor, m: Tensor) -> Tensor:
+        """Eq 4.4: ``l_recon + D_z(z)``."""
+        z = self.encoder(x, m)
+        x_hat, m_hat = self.reconstruct(x, m, z)
+        recon = losses.reconstruction(x[:, 1:], m[:, 1:], x_hat[:, 1:], m_hat[:, 1:])
+        return self.hparams.recon_weight * recon + self.critic_z(z)
+
+    def decoder_loss(self, x, m, z_syn, start_x, start_m) -> Tensor:
+        """Eq 4.3 + EDGAMT: ``l_recon - (D_x(x^ m^) + D_x(x~ m~)) - (D_m(m^) + D_m(m~))``."""
+        z = self.encoder(x, m).detach()
+        x_hat, m_hat = self.reconstruct(x, m, z)
+        x_syn, m_syn = self.synthesize_with(self.decoder.body, z_syn, start_x, start_m, x.shape[1] - 1)
+        recon = losses.reconstruction(x[:, 1:], m[:, 1:], x_hat[:, 1:], m_hat[:, 1:])
+        dx = [self.critic_x(x_hat * m_hat), self.critic_x(x_syn * m_syn)]
+        dm = [self.critic_m(m_hat), self.critic_m(m_syn)] if self.critic_m is not None else []
+        return self.hparams.recon_weight * recon + losses.decoder_adversarial(dx, dm)
+
+    def imitator_loss(self, z_syn, start_x, start_m, x_syn, m_syn, real_targets: Sequence[Tensor] = ()) -> Tensor:
+        """Eq 4.5 (+ ``-D_m(m-)``): imitate ``x~ m~`` and the masked ``real_targets`` (the thesis: ``x^ m^`` and
+        ``x m``, steps ``1..T``; ``strict_dp`` passes none)."""
+        x_imi, m_imi = self.synthesize_with(self.imitator, z_syn, start_x, start_m, x_syn.shape[1] - 1)
+        imitated = (x_imi * m_imi)[:, 1:]
+        targets = [(x_syn * m_syn)[:, 1:], *real_targets]
+        dm = self.critic_m(m_imi) if self.critic_m is not None else None
+        return losses.imitation(self.critic_x(x_imi * m_imi), dm, imitated, targets)
+
+    def generator_loss(self, s: Tensor) -> Tensor:
+        """Eq 4.6: ``-D_z(G(s))``."""
+        return -self.critic_z(self.generator(s))
+
+    # ------------------------------------------------------------------------------------------- training
+    def critics_scheduled(self, iteration: int) -> bool:
+        """The critic schedule of Algorithm 1 line 11: ``t % fb < fh``."""
+        return iteration % self.hparams.critic_freq_base < self.hparams.critic_freq_hit
+
+    def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
+        x, m = _check_batch(batch, self.hparams.num_features, self.hparams.max_steps)
+        self.train_iteration(x, m, self.iteration)
+        self.iteration += 1
+
+    def train_iteration(self, x: Tensor, m: Tensor, iteration: int) -> dict[str, Tensor]:
+        """One pass of Algorithm 1 on a batch; returns the mean loss of each component updated."""
+        n, device = x.shape[0], x.device
+        s, start_x, start_m = self.draws(n, device)
+        logs: dict[str, Tensor] = {}
+        if self.critics_scheduled(iteration):
+            fakes = self._fakes(x, m, s, start_x, start_m)
+            alpha = torch.rand(n, device=device)
+            logs["critics"] = self.component_step("critics", "critics_loss", (x, m, *fakes, alpha))
+        logs["encoder"] = self.component_step("encoder", "encoder_loss", (x, m))
+        with torch.no_grad():
+            z_syn = self.generator(s)
+        dec_batch = (x, m, z_syn, start_x, start_m)
+        for name in ("decoder_body", "decoder_last") if self._split_decoder() else ("decoder",):
+            logs[name] = self.component_step(name, "decoder_loss", dec_batch)
+        s_pub, start_x_pub, start_m_pub = self.draws(self.hparams.synthetic_batch_size, device)
+        if self.imitator is not None:
+            logs["imitator"] = self.component_step(
+                "imitator", self._imitator_closure(x, m, s_pub, start_x_pub, start_m_pub)
+            )
+        logs["generator"] = self.component_step("generator", lambda: self.generator_loss(s_pub))
+        self.log_dict({f"train/{k}_loss": v for k, v in logs.items()}, on_step=False, on_epoch=True)
+        return logs
+
+    @torch.no_grad()
+    def _fakes(self, x, m, s, start_x, start_m) -> tuple[Tensor, ...]:
+        z = self.encoder(x, m)
+        x_hat, m_hat = self.reconstruct(x, m, z)
+        z_syn = self.generator(s)
+        x_syn, m_syn = self.synthesize_with(self.decoder.body, z_syn, start_x, start_m, x.shape[1] - 1)
+        x_imi, m_imi = x_syn, m_syn
+        if self.imitator is not None:
+            x_imi, m_imi = self.synthesize_with(self.imitator, z_syn, start_x, start_m, x.shape[1] - 1)
+        return x_hat, m_hat, z, z_syn, x_syn, m_syn, x_imi, m_imi
+
+    def _imitator_closure(self, x, m, s, start_x, start_m):
+        with torch.no_grad():
+            z_syn = self.generator(s)
+            x_syn, m_syn = self.synthesize_with(self.decoder.body, z_syn, start_x, start_m, x.shape[1] - 1)
+            k = min(len(x), len(s))  # the thesis's real-data targets pair real example i with draw i
+            x_hat, m_hat = self.reconstruct(x[:k], m[:k], self.encoder(x[:k], m[:k])) if k else (x[:0], m[:0])
+
+        def loss() -> Tensor:
+            if self.hparams.strict_dp or k == 0:
+                return self.imitator_loss(z_syn, start_x, start_m, x_syn, m_syn)
+            real_targets = [(x_hat * m_hat)[:, 1:], (x[:k] * m[:k])[:, 1:]]
+            return self.imitator_loss(z_syn[:k], start_x[:k], start_m[:k], x_syn[:k], m_syn[:k], real_targets)
+
+        return loss
+
+    # ------------------------------------------------------------------------------------------- release
+    def release(self) -> ReleasedSynthesizer:
+        """The released artifact: copies of {G, Dec_i, Dec.last} (or {G, Dec} without an imitator), nothing else."""
+        hp = self.hparams
+        embedding = self.decoder.body.embedding
+        config = {key: hp[key] for key in ("num_features", "static_continuous", "max_steps", "d_model", "heads")}
+        config |= {"static_groups": list(self.static_groups), "layers": hp.layers, "d_ff": hp.d_ff}
+        config |= {"noise_size": hp.noise_size, "hidden": hp.critic_hidden}
+        config |= {"time_embedding": embedding.time is not None, "static_embedding": embedding.static is not None}
+        release = ReleasedSynthesizer(config, self.ehr_schema)
+        body = self.imitator if self.imitator is not None else self.decoder.body
+        release.generator.load_state_dict(self.generator.state_dict())
+        release.body.load_state_dict(body.state_dict())
+        release.last.load_state_dict(self.decoder.last.state_dict())
+        return release.to(self.device)
+
+    @torch.no_grad()
+    def synthesize(self, n: int, steps: int | None = None, generator: torch.Generator | None = None):
+        """``n`` records from the module itself (same draws and order as :meth:`ReleasedSynthesizer.sample`)."""
+        hp = self.hparams
+        steps = hp.max_steps if steps is None else steps
+        noise = torch.randn(n, hp.noise_size, generator=generator).to(self.device)
+        start_x, start_m = sample_start(n, hp.num_features, hp.static_continuous, self.static_groups, generator)
+        body = self.imitator if self.imitator is not None else self.decoder.body
+        z = self.generator(noise)
+        return assemble(*self.synthesize_with(body, z, start_x.to(self.device), start_m.to(self.device), steps))
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        schema = getattr(self.trainer.datamodule, "schema", None) if self.trainer.datamodule is not None else None
+        if dataclasses.is_dataclass(schema):
+            self.ehr_schema = dataclasses.asdict(schema)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["igamt_iteration"] = self.iteration
+        if self.ehr_schema is not None:
+            checkpoint["ehr_schema"] = self.ehr_schema
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.iteration = int(checkpoint.get("igamt_iteration", 0))
+        self.ehr_schema = checkpoint.get("ehr_schema")
+
+
+def _check_batch(batch: Sequence[Tensor], num_features: int, max_steps: int) -> tuple[Tensor, Tensor]:
+    if not (isinstance(batch, list | tuple) and len(batch) == 2):
+        raise ValueError("IGAMT trains on batches (x, m) of EHR tensors [B, 1 + T, F]; got another batch structure")
+    x, m = batch
+    if x.dim() != 3 or x.shape != m.shape or x.shape[2] != num_features or not 2 <= x.shape[1] <= max_steps + 1:
+        raise ValueError(
+            f"IGAMT needs x and m of equal shape [B, 1 + T, {num_features}] with 1 <= T <= {max_steps}; got "
+            f"{tuple(x.shape)} and {tuple(m.shape)}: set num_features / max_steps to the data's"
+        )
+    return x, m

@@ -1,0 +1,94 @@
+"""The released artifact of IGAMT (thesis 4.1, 4.7): G, the imitator Dec_i and Dec's last layer, nothing else.
+
+It synthesizes EHRs from Gaussian draws and start steps sampled from the static features' ranges: no training
+record, no encoder, no critic. Saved as plain tensors and a plain-data config, read back with
+``torch.load(weights_only=True)``, so loading an artifact never executes code.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_dprobust.models.ehr_transformer import (
+    DecoderBody,
+    Generator,
+    OutputHeads,
+    StepEmbedding,
+    generate,
+    sample_start,
+    static_slots,
+)
+
+FORMAT = "lightning_dprobust.ehr_release/1"
+CONFIG_KEYS = (
+    "num_features", "static_continuous", "static_groups", "max_steps", "d_model", "heads", "layers", "d_ff",
+    "noise_size", "hidden", "time_embedding", "static_embedding",
+)  # fmt: skip
+
+
+class ReleasedSynthesizer(nn.Module):
+    """``generator`` (G), ``body`` (Dec_i, or Dec's body in the ablations without an imitator) and ``last``
+    (Dec's last layer), rebuilt from ``config`` (the keys of :data:`CONFIG_KEYS`).
+
+    ``schema``: optional plain-data EHR schema (feature names and train-set scalers) for output in raw units.
+    """
+
+    def __init__(self, config: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        missing = [key for key in CONFIG_KEYS if key not in config]
+        if missing:
+            raise ValueError(f"an EHR release config needs {missing}")
+        self.config = {key: config[key] for key in CONFIG_KEYS}
+        c = self.config
+        num_static = static_slots(c["static_continuous"], c["static_groups"], c["num_features"])
+        embedding = StepEmbedding(
+            c["num_features"], c["d_model"], c["max_steps"], num_static, c["time_embedding"], c["static_embedding"]
+        )
+        self.generator = Generator(c["noise_size"], c["d_model"], c["hidden"])
+        self.body = DecoderBody(embedding, c["d_model"], c["heads"], c["d_ff"], c["layers"])
+        self.last = OutputHeads(c["d_model"], c["num_features"])
+        self.schema = schema
+        self.eval()
+
+    @torch.no_grad()
+    def sample(
+        self, n: int, steps: int | None = None, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``n`` synthetic records ``(x, m)`` ``[n, 1 + steps, F]``: ``m`` thresholded at 1/2, ``x`` 0 where missing.
+
+        Draws ``s ~ N(0, I)`` first, then the start steps, both from ``generator`` (thesis 4.7 steps 1-5).
+        """
+        c = self.config
+        steps = c["max_steps"] if steps is None else steps
+        if n < 1 or not 1 <= steps <= c["max_steps"]:
+            raise ValueError(f"need n >= 1 and 1 <= steps <= {c['max_steps']}, got n={n}, steps={steps}")
+        device = self.last.data.weight.device
+        noise = torch.randn(n, c["noise_size"], generator=generator).to(device)
+        start_x, start_m = sample_start(n, c["num_features"], c["static_continuous"], c["static_groups"], generator)
+        z = self.generator(noise)
+        return assemble(*generate(self.body, self.last, z, start_x.to(device), start_m.to(device), steps))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the artifact (plain tensors and data only)."""
+        state = {name: tensor.detach().cpu() for name, tensor in self.state_dict().items()}
+        torch.save({"format": FORMAT, "config": self.config, "schema": self.schema, "state": state}, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ReleasedSynthesizer:
+        """Read an artifact written by :meth:`save` (``weights_only=True``)."""
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise ValueError(f"{path} is not an EHR synthesizer release ({FORMAT})")
+        release = cls(saved["config"], saved.get("schema"))
+        release.load_state_dict(saved["state"])
+        return release
+
+
+def assemble(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
+    """Thesis 4.7 step 5: mark missing values from the masks (``m > 1/2`` observed, ``x = 0`` elsewhere)."""
+    observed = (m > 0.5).to(x.dtype)
+    return x * observed, observed

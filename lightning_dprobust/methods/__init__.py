@@ -17,9 +17,9 @@ __all__ = [
     "ClassifierModule",
     "DPAdv",
     "DPCert",
+    "IGAMT",
     "ResidualPerturbation",
     "StoBatch",
-    "IGAMT",
     "TransDenoiser",
     "register_method",
 ]

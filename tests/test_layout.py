@@ -11,7 +11,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_dprobust"
 
 LAYERS = [
-    {"core", "models", "data", "checkpoint_io", "paths"},
+    {"core"},
+    {"models", "data", "checkpoint_io", "paths"},
     {"zoo"},
     {"metrics"},
     {"robustness"},

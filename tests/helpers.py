@@ -67,12 +67,25 @@ def trained_digits_classifier() -> tuple[torch.nn.Module, torch.Tensor, torch.Te
     return model, *data.test_set.tensors
 
 
-def read_wandb_records(run_file) -> list:
+def read_wandb_records(run_file, timeout: float = 30.0) -> list:
     """Decode the records (``wandb_internal_pb2.Record``) of an offline W&B run file (``run-*.wandb``).
 
-    The file is a LevelDB-style log (7-byte ``:W&B`` header, 32 KiB blocks, records with a 7-byte header of
-    crc32c, little-endian length and type) of ``wandb_internal_pb2.Record`` messages.
+    W&B's service process can still be writing the file for a moment after ``run.finish()`` returns (seen with
+    wandb 0.31 on a loaded machine), so this waits up to ``timeout`` seconds for the run's ``exit`` record.
     """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _decode_wandb_records(run_file)
+        if any(record.HasField("exit") for record in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _decode_wandb_records(run_file) -> list:
+    """The file is a LevelDB-style log (7-byte ``:W&B`` header, 32 KiB blocks, records with a 7-byte header of
+    crc32c, little-endian length and type) of ``wandb_internal_pb2.Record`` messages."""
     import struct
 
     from wandb.proto import wandb_internal_pb2

@@ -66,6 +66,7 @@ def _ours(module, mode: str, x, y):
     params = clipper.trainable_parameters()
 
     def step() -> None:
+        optimizer.zero_grad()  # as non-DP's step (and DPCallback.private_step): last step's gradient is freed first
         private = add_noise_and_scale_(clipper((x, y)).grads, 1.0, 1.0 / x.shape[0])
         for name, p in params.items():
             p.grad = private[name]

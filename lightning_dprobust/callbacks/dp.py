@@ -248,8 +248,10 @@ class DPCallback(Callback):
         """
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
             raise RuntimeError(f"DPCallback: the privacy limit {self._limit()} is spent; no further step is allowed")
-        clipped = self._clipper(inputs)
         params = self._clipper.trainable_parameters()
+        for p in params.values():  # Lightning zeroes them before the backward anyway; freed now, they never coexist
+            p.grad = None  # with this step's activations and clipped sum
+        clipped = self._clipper(inputs)
         private = self._add_noise(clipped.grads)
         self.guard.record(private)
         if self.noise_multiplier > 0:

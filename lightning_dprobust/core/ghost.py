@@ -306,7 +306,8 @@ class GhostClipper:
             return
         message = (
             f"ghost engine per-example norms {ours.tolist()} differ from the vmap engine's {reference.tolist()}: "
-            "the loss does not lay out example rows consecutively, or a layer mixes examples"
+            "the loss does not lay out example rows consecutively, a layer mixes examples, or the model draws "
+            "randomness in eval mode (e.g. residual noise with noise_at_eval)"
         )
         if self.on_mismatch == "raise":
             raise EngineMismatch(message + "; use engine='vmap'")

@@ -51,7 +51,7 @@ def _memory_mb(device: str) -> float:
 def _ours(module, mode: str, x, y):
     """One step of our DP-SGD: clipped sum, noise, average, SGD (``DPCallback.private_step``'s computation)."""
     from lightning_dprobust.core.engines import build_clipper
-    from lightning_dprobust.core.per_sample import gaussian_noise_like
+    from lightning_dprobust.core.per_sample import add_noise_and_scale_
 
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
     if mode == "non-DP":
@@ -66,10 +66,10 @@ def _ours(module, mode: str, x, y):
     params = clipper.trainable_parameters()
 
     def step() -> None:
-        clipped = clipper((x, y))
-        noise = gaussian_noise_like(clipped.grads, 1.0)
+        optimizer.zero_grad()  # as non-DP's step (and DPCallback.private_step): last step's gradient is freed first
+        private = add_noise_and_scale_(clipper((x, y)).grads, 1.0, 1.0 / x.shape[0])
         for name, p in params.items():
-            p.grad = (clipped.grads[name] + noise[name]) / x.shape[0]
+            p.grad = private[name]
         optimizer.step()
 
     return step

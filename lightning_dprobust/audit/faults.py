@@ -18,20 +18,23 @@ def replayed_noise() -> Iterator[None]:
     noise. Patches the one function through which ``DPCallback`` draws its Gaussian noise and restores it on exit.
     """
     from lightning_dprobust.callbacks import dp
+    from lightning_dprobust.core.per_sample import gaussian_noise_like
 
-    original = dp.gaussian_noise_like
+    original = dp.add_noise_and_scale_
     first: dict[str, Tensor] = {}
 
-    def replay(grads, std, *args, **kwargs) -> dict[str, Tensor]:
+    def replay(grads, std, scale, generator=None):
         if not first:
-            first.update(original(grads, std, *args, **kwargs))
-        return {name: noise.clone() for name, noise in first.items()}
+            first.update(gaussian_noise_like(grads, std, generator))
+        for name, g in grads.items():
+            g.add_(first[name]).mul_(scale)
+        return grads
 
-    dp.gaussian_noise_like = replay
+    dp.add_noise_and_scale_ = replay
     try:
         yield
     finally:
-        dp.gaussian_noise_like = original
+        dp.add_noise_and_scale_ = original
 
 
 __all__ = ["replayed_noise"]

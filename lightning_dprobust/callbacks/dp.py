@@ -28,7 +28,7 @@ from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, r
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.core.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger
 from lightning_dprobust.core.engines import ENGINES, build_clipper
-from lightning_dprobust.core.per_sample import CLIPPING_RULES, gaussian_noise_like
+from lightning_dprobust.core.per_sample import CLIPPING_RULES, add_noise_and_scale_
 
 
 class StopReason(enum.Enum):
@@ -248,8 +248,10 @@ class DPCallback(Callback):
         """
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
             raise RuntimeError(f"DPCallback: the privacy limit {self._limit()} is spent; no further step is allowed")
-        clipped = self._clipper(inputs)
         params = self._clipper.trainable_parameters()
+        for p in params.values():  # Lightning zeroes them before the backward anyway; freed now, they never coexist
+            p.grad = None  # with this step's activations and clipped sum
+        clipped = self._clipper(inputs)
         private = self._add_noise(clipped.grads)
         self.guard.record(private)
         if self.noise_multiplier > 0:
@@ -259,13 +261,12 @@ class DPCallback(Callback):
         return sum((params[name] * grad).sum() for name, grad in private.items())
 
     def _add_noise(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
-        """``(sum + N(0, (sigma C)^2)) * scale`` per parameter; the noise is drawn on rank 0 only."""
+        """``(sum + N(0, (sigma C)^2)) * scale`` per parameter, in place; the noise is drawn on rank 0 only."""
         std = self.noise_multiplier * self.max_grad_norm if self._rank == 0 else 0.0
         device = next(iter(grads.values())).device
         generator = self.randomness.noise_generator(self.ledger.steps + self._zero_noise_steps, device)
-        noise = gaussian_noise_like(grads, std, generator)
         scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
-        return {name: (grads[name] + noise[name]) * scale for name in grads}
+        return dict(add_noise_and_scale_(grads, std, scale, generator))
 
     # ------------------------------------------------------------------------------------------- accounting
     def epsilon(self, delta: float | None = None) -> float:

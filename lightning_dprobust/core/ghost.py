@@ -214,26 +214,33 @@ class GhostClipper:
             self._verify(batch)
         if self._use_reference:
             return self.reference(batch)
-        sums = {name: torch.zeros_like(p) for name, p in self.trainable_parameters().items()}
         if size == 0:
             empty = batch[0].new_zeros(0)
-            return ClippedSum(sums, empty, empty)
+            return ClippedSum(self._complete({}), empty, empty)
         chunk = self.max_physical_batch_size or size
+        sums: dict[str, Tensor] = {}
         norms, losses = [], []
         for start in range(0, size, chunk):
             part = tuple(t[start : start + chunk] for t in batch)
             part_norms, part_losses, part_sums = self._clipped_part(part)
-            for name, g in part_sums.items():
-                sums[name] += g
+            for name, g in part_sums.items():  # the first chunk's sums are kept, not copied: one sum in memory
+                sums[name] = sums[name].add_(g) if name in sums else g
             norms.append(part_norms)
             losses.append(part_losses)
-        return ClippedSum(sums, torch.cat(norms), torch.cat(losses))
+        return ClippedSum(self._complete(sums), torch.cat(norms), torch.cat(losses))
+
+    def _complete(self, sums: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``sums`` in the order of the trainable parameters, zeros for those no layer call reached."""
+        return {
+            name: sums[name] if name in sums else torch.zeros_like(p) for name, p in self.trainable_parameters().items()
+        }
 
     # -------------------------------------------------------------------------------------------- internals
     def _clipped_part(self, part: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         examples = part[0].shape[0]
         losses = self._output_gradients(part)
-        sq = sum(rule.sq_norms(examples) for rule in self.rules) if self.rules else losses.new_zeros(examples)
+        called = [rule for rule in self.rules if rule.calls]  # a layer the forward did not use has zero gradient
+        sq = sum((rule.sq_norms(examples) for rule in called), losses.new_zeros(examples))
         fallback_grads = {}
         if self._fallback is not None:
             fallback_grads, _ = self._fallback.per_example_gradients(part)
@@ -241,8 +248,9 @@ class GhostClipper:
         norms = sq.sqrt()
         factors = clip_factors(norms, self.max_grad_norm, self.clipping)
         sums: dict[str, Tensor] = {}
-        for rule in self.rules:
+        for rule in called:
             sums.update(rule.clipped_sum(factors))
+            rule.calls = []  # frees this layer's activations and output gradients before the next layer's sum
         for name, g in fallback_grads.items():
             sums[name] = torch.einsum("b,b...->...", factors, g)
         return norms, losses, sums
@@ -298,7 +306,8 @@ class GhostClipper:
             return
         message = (
             f"ghost engine per-example norms {ours.tolist()} differ from the vmap engine's {reference.tolist()}: "
-            "the loss does not lay out example rows consecutively, or a layer mixes examples"
+            "the loss does not lay out example rows consecutively, a layer mixes examples, or the model draws "
+            "randomness in eval mode (e.g. residual noise with noise_at_eval)"
         )
         if self.on_mismatch == "raise":
             raise EngineMismatch(message + "; use engine='vmap'")

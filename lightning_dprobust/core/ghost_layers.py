@@ -138,12 +138,12 @@ class Conv2dRule(LinearRule):
         the cheaper side of the mixed rule and the layer ran once; otherwise the unfolded linear-map route."""
         conv = self.module
         if len(self.calls) != 1 or "weight" not in self.names:
-            return super().sq_norms(examples)
+            return self._unfolded_sq_norms(examples)
         call = self.calls[0]
         positions = call.grad[0].flatten(1).shape[1] * (call.grad.shape[0] // max(examples, 1))
         d, p = conv.weight[0].numel(), conv.out_channels
         if positions * (d + p) < d * p:
-            return super().sq_norms(examples)
+            return self._unfolded_sq_norms(examples)
         self._cache = None
         x = group_rows(call.inputs, examples).transpose(0, 1).flatten(1, 2)  # [k, B C, H, W]
         g = group_rows(call.grad, examples).transpose(0, 1).flatten(1, 2)
@@ -152,6 +152,13 @@ class Conv2dRule(LinearRule):
         total = per_example.square().sum(dim=1)
         if "bias" in self.names:
             total = total + group_rows(call.grad, examples).sum(dim=(1, 3, 4)).square().sum(dim=1)
+        return total
+
+    def _unfolded_sq_norms(self, examples: int) -> Tensor:
+        """The linear-map route on the unfolded input; the unfolded copy is dropped at once (the clipped sum does not
+        need it), so it never coexists with other layers' copies."""
+        total = super().sq_norms(examples)
+        self._cache = None
         return total
 
     def _weight_grad(

@@ -187,3 +187,18 @@ def gaussian_noise_like(
         else torch.zeros_like(g)
         for name, g in grads.items()
     }
+
+
+def add_noise_and_scale_(
+    grads: Mapping[str, Tensor], std: float, scale: float, generator: torch.Generator | None = None
+) -> Mapping[str, Tensor]:
+    """In place, ``g <- (g + N(0, std^2 I)) * scale`` for every gradient; returns ``grads``.
+
+    The draws are those of :func:`gaussian_noise_like` with the same generator (same calls, same order), but only one
+    parameter's noise exists at a time, so the noisy gradient costs no memory beyond the clipped sum.
+    """
+    for g in grads.values():
+        if std > 0:
+            g.add_(torch.normal(0.0, std, size=g.shape, generator=generator, device=g.device, dtype=g.dtype))
+        g.mul_(scale)
+    return grads

@@ -11,7 +11,7 @@ from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_layers import Conv2dRule, LinearRule, MaterializedRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
-from lightning_dprobust.methods import DPSGD, DPAdv, DPCert
+from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
 from lightning_dprobust.robustness.attacks import build_attack
 
 MODELS = {
@@ -19,6 +19,9 @@ MODELS = {
     "mlp_tanh": ((1, 8, 8), {}),
     "timm/resnet18": ((3, 8, 8), {}),
     "timm/vit_tiny_patch16_224": ((3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+    "preact_resnet8": ((3, 8, 8), {"dp_compatible": True}),
+    # two members, each a GroupNorm ResNet8 with its residual blocks hooked (noise off: gamma = 0 by default)
+    "residual_perturbation": ((3, 8, 8), {"base_kwargs": {"dp_compatible": True}, "ensemble_size": 2}),
 }
 DPCERT_VARIANTS = [
     {"augmentation": "gaussian", "regularizer": "none"},
@@ -85,8 +88,8 @@ def test_dpadv_adversarial_inputs(model):
 
 
 def dpcert_cases() -> list:
-    """Every variant on the CNN, the ResNet and the ViT."""
-    models = ("cnn_tanh", "timm/resnet18", "timm/vit_tiny_patch16_224")
+    """Every variant on the CNN, the timm ResNet, the ViT and the GroupNorm ResNet8."""
+    models = ("cnn_tanh", "timm/resnet18", "timm/vit_tiny_patch16_224", "preact_resnet8")
     return [
         pytest.param(m, v, id=f"{m}-{v['augmentation']}-{v['regularizer']}") for v in DPCERT_VARIANTS for m in models
     ]
@@ -106,11 +109,29 @@ def test_dpcert_psac_and_automatic_clipping(clipping):
     assert_engines_agree(module, module.training_inputs(images(module, 4, seed=3)), clipping)
 
 
-def test_empty_batch_gives_zero_sum_and_no_norms():
-    module = build(DPSGD, "timm/resnet18")
+@pytest.mark.parametrize("model", list(MODELS))
+def test_empty_batch_gives_zero_sum_and_no_norms(model):
+    module = build(DPSGD, model)
     out = GhostClipper(module, "per_example_loss", 1.0)(images(module, 0))
     assert out.norms.numel() == 0
     assert all(g.abs().sum() == 0 for g in out.grads.values())
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_transdenoiser_dncnn_gn(size):
+    """TransDenoiser's denoising loss on the registry's ``dncnn_gn`` (GroupNorm, residual ``z - r(z)``)."""
+    torch.manual_seed(0)
+    classifier = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 10))
+    module = TransDenoiser(
+        classifier=classifier,
+        num_classes=10,
+        input_shape=(3, 8, 8),
+        denoiser_kwargs={"width": 8, "depth": 3, "groups": 2},
+    )
+    x, _ = images(module, size, seed=7)
+    inputs = module.training_inputs((x, None))
+    assert not torch.equal(inputs[0], inputs[1])
+    assert_engines_agree(module, inputs)
 
 
 def test_chunked_equals_unchunked():

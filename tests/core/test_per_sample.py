@@ -13,6 +13,7 @@ from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.per_sample import (
     CLIPPING_RULES,
     PerExampleClipper,
+    add_noise_and_scale_,
     clip_factors,
     gaussian_noise_like,
     per_example_norms,
@@ -178,6 +179,16 @@ def test_noise_has_requested_std():
     noise = gaussian_noise_like(grads, 0.7, torch.Generator().manual_seed(0))["w"]
     assert noise.std().item() == pytest.approx(0.7, rel=0.01)
     assert gaussian_noise_like(grads, 0.0)["w"].abs().sum() == 0
+
+
+@pytest.mark.parametrize("std", [0.0, 0.7])
+def test_in_place_noise_draws_the_same_noise_as_gaussian_noise_like(std):
+    grads = {"a": torch.randn(3, 4), "b": torch.randn(5)}
+    noise = gaussian_noise_like(grads, std, torch.Generator().manual_seed(1))
+    expected = {name: (g + noise[name]) * 0.25 for name, g in grads.items()}
+    out = add_noise_and_scale_({k: g.clone() for k, g in grads.items()}, std, 0.25, torch.Generator().manual_seed(1))
+    for name in grads:
+        torch.testing.assert_close(out[name], expected[name], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])

@@ -1,17 +1,20 @@
-"""Residual perturbation (Tao et al., ICLR 2021 submission) against DP-SGD on the embedded digits.
+"""Residual perturbation (Tao et al., ICLR 2021 submission) against DP-SGD on the embedded digits or MNIST sample.
 
-For each row and seed: train the target on the digits train split (members; 1,293 images), measure train and test
+For each row and seed: train the target on the data module's train split (members; digits: 1,293 images, mnist5k:
+2,250, see :data:`DATASETS`), measure train and test
 accuracy (the noise stays on at test time: one stochastic forward per image) and run the membership attacks of
 :mod:`lightning_dprobust.audit.membership` (loss, Salem et al. shadow model, offline LiRA; members: the train
 split, non-members: validation + test) with ``--shadows`` shadow models trained like the target. Rows: the plain
 pre-activation ResNet8 (gamma = 0), Strategy I (input noise gamma / 2) and II at three gammas (En1), En5 at the
-middle gamma of each, and DP-SGD at epsilon 3 and 8 on the same ResNet8 with GroupNorm (BatchNorm cannot be
-clipped per example). Wall-clock per epoch is timed on the seed-0 targets, in this one run.
+middle gamma of each, Strategy I without skip connections (``skip=False``, the paper's ablation) at two gammas, and
+DP-SGD at epsilon 3 and 8 on the same ResNet8 with GroupNorm (BatchNorm cannot be clipped per example). Wall-clock
+per epoch is timed on each row's first seed, in this one run.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/residual_membership.py [--seeds 0 1 2] [--epochs 20] [--shadows 2]
-[--out FILE]``. Prints one JSON line per row and seed, then a markdown table (mean +- std over seeds), and writes it
-with the raw rows to ``--out``. ``--collect LOG [LOG ...]`` builds the table from the JSON lines of earlier runs
-(e.g. seeds run in parallel processes) instead of training.
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/residual_membership.py [--dataset digits|mnist5k] [--rows NAME ...]
+[--seeds 0 1 2] [--epochs 20] [--shadows 2] [--out FILE]`` (``--rows``: only these rows, by their exact names).
+Prints one JSON line per row and seed, then a markdown table (mean +- std over seeds), and writes it with the raw rows
+to ``--out``. ``--collect LOG [LOG ...]`` builds the table from the JSON lines of earlier runs (e.g. seeds run in
+parallel processes) instead of training.
 """
 
 from __future__ import annotations

@@ -1,17 +1,20 @@
-"""Residual perturbation (Tao et al., ICLR 2021 submission) against DP-SGD on the embedded digits.
+"""Residual perturbation (Tao et al., ICLR 2021 submission) against DP-SGD on the embedded digits or MNIST sample.
 
-For each row and seed: train the target on the digits train split (members; 1,293 images), measure train and test
+For each row and seed: train the target on the data module's train split (members; digits: 1,293 images, mnist5k:
+2,250, see :data:`DATASETS`), measure train and test
 accuracy (the noise stays on at test time: one stochastic forward per image) and run the membership attacks of
 :mod:`lightning_dprobust.audit.membership` (loss, Salem et al. shadow model, offline LiRA; members: the train
 split, non-members: validation + test) with ``--shadows`` shadow models trained like the target. Rows: the plain
 pre-activation ResNet8 (gamma = 0), Strategy I (input noise gamma / 2) and II at three gammas (En1), En5 at the
-middle gamma of each, and DP-SGD at epsilon 3 and 8 on the same ResNet8 with GroupNorm (BatchNorm cannot be
-clipped per example). Wall-clock per epoch is timed on the seed-0 targets, in this one run.
+middle gamma of each, Strategy I without skip connections (``skip=False``, the paper's ablation) at two gammas, and
+DP-SGD at epsilon 3 and 8 on the same ResNet8 with GroupNorm (BatchNorm cannot be clipped per example). Wall-clock
+per epoch is timed on each row's first seed, in this one run.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/residual_membership.py [--seeds 0 1 2] [--epochs 20] [--shadows 2]
-[--out FILE]``. Prints one JSON line per row and seed, then a markdown table (mean +- std over seeds), and writes it
-with the raw rows to ``--out``. ``--collect LOG [LOG ...]`` builds the table from the JSON lines of earlier runs
-(e.g. seeds run in parallel processes) instead of training.
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/residual_membership.py [--dataset digits|mnist5k] [--rows NAME ...]
+[--seeds 0 1 2] [--epochs 20] [--shadows 2] [--out FILE]`` (``--rows``: only these rows, by their exact names).
+Prints one JSON line per row and seed, then a markdown table (mean +- std over seeds), and writes it with the raw rows
+to ``--out``. ``--collect LOG [LOG ...]`` builds the table from the JSON lines of earlier runs (e.g. seeds run in
+parallel processes) instead of training.
 """
 
 from __future__ import annotations
@@ -122,7 +125,25 @@ def _table(rows: list[Row]) -> str:
 
 def _timing(rows: list[Row]) -> str:
     """Seconds per epoch of each row's first seed, as ratios to the plain network and to the last DP-SGD row."""
-    seconds = {row.name: row.results[0]["epoch_s"] for row in rows}
+    return _timing_table({row.name: row.results[0]["epoch_s"] for row in rows})
+
+
+def _interleaved_timing(rows: list[Row], dataset: str, repeats: int) -> dict[str, float]:
+    """Median seconds of a one-epoch fit (setup included) of each row, the fits taken in turn (every row once, then
+    again, ``repeats`` times), so that every row meets the same load of a shared machine."""
+    name, data_args = DATASETS[dataset]
+    datamodule = getattr(lightning_dprobust.data, name)(seed=0, **data_args)
+    datamodule.setup("fit")
+    seconds: dict[str, list[float]] = {row.name: [] for row in rows}
+    for _ in range(repeats):
+        for row in rows:
+            start = time.perf_counter()
+            train_classifier(_recipe(row, dataset, 0, 1), datamodule.train_set)
+            seconds[row.name].append(time.perf_counter() - start)
+    return {row_name: float(np.median(values)) for row_name, values in seconds.items()}
+
+
+def _timing_table(seconds: dict[str, float]) -> str:
     plain = next((s for name, s in seconds.items() if name.startswith("ResNet8 (plain")), None)
     dpsgd = next((s for name, s in reversed(seconds.items()) if name.startswith("DP-SGD")), None)
 
@@ -130,7 +151,7 @@ def _timing(rows: list[Row]) -> str:
         return f"{s / reference:.2f}" if reference else "n/a"
 
     lines = [[name, f"{s:.2f}", ratio(s, plain), ratio(s, dpsgd)] for name, s in seconds.items()]
-    return markdown_table(["model (seed 0)", "s / epoch", "x plain ResNet8", "x DP-SGD"], lines)
+    return markdown_table(["model", "s / epoch", "x plain ResNet8", "x DP-SGD"], lines)
 
 
 def _collect(rows: list[Row], logs: list[str]) -> None:
@@ -159,6 +180,7 @@ def main() -> None:
     parser.add_argument("--shadows", type=int, default=2)
     parser.add_argument("--out", default="runs/residual_membership.md")
     parser.add_argument("--collect", nargs="+", metavar="LOG", help="tabulate the JSON lines of earlier runs")
+    parser.add_argument("--timing", type=int, metavar="R", help="only time one-epoch fits, in turn, R times")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = _rows()
@@ -166,6 +188,9 @@ def main() -> None:
     if unknown:
         parser.error(f"--rows: unknown {sorted(unknown)}; the rows are {[row.name for row in rows]}")
     rows = [row for row in rows if not args.rows or row.name in args.rows]
+    if args.timing:
+        print(_timing_table(_interleaved_timing(rows, args.dataset, args.timing)))
+        return
     if args.collect:
         _collect(rows, args.collect)
     for seed in [] if args.collect else args.seeds:

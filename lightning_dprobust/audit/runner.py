@@ -122,16 +122,21 @@ def checkpoint_membership_audit(
 
 
 def checkpoint_salem_audit(
-    model: torch.nn.Module, datamodule: ImageDataModule, recipe: Recipe, seed: int = 0, device: str = "cpu"
+    model: torch.nn.Module,
+    datamodule: ImageDataModule,
+    recipe: Recipe,
+    seed: int = 0,
+    device: str = "cpu",
+    **kwargs: float,
 ) -> tuple[SalemReport, SalemSplit]:
     """The Salem et al. protocol of the residual-perturbation paper on ``model``, trained on ``datamodule``'s train
     split (members; validation and test splits: non-members); its shadow model trains like ``recipe`` (see
-    :func:`~lightning_dprobust.audit.salem.salem_checkpoint_audit` for the split)."""
+    :func:`~lightning_dprobust.audit.salem.salem_checkpoint_audit` for the split; ``kwargs`` go to it)."""
     train, held_out = audit_splits(datamodule)
     dataset = ConcatDataset([train, *held_out])
     members, nonmembers = np.arange(len(train)), np.arange(len(train), len(dataset))
     trainer = RecipeTrainer(recipe, dataset, device)
-    return salem_checkpoint_audit(model, dataset, members, nonmembers, trainer, seed, device)
+    return salem_checkpoint_audit(model, dataset, members, nonmembers, trainer, seed, device, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,11 @@ class SalemReport:
     scores: np.ndarray
     is_member: np.ndarray
 
+    @property
+    def collapsed(self) -> bool:
+        """Whether the attack MLP gave every target example the same score (AUC 0.5 then means no signal found)."""
+        return bool(np.ptp(self.scores) == 0)
+
 
 def _precision_recall(scores: np.ndarray, is_member: np.ndarray, threshold: float) -> tuple[float, float]:
     predicted = scores >= threshold

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+import pytest
 import torch
 
-from lightning_dprobust.audit import runner
+from lightning_dprobust.audit import runner, salem_attack
+from lightning_dprobust.audit.salem import SalemSplit
 from lightning_dprobust.cli import main
+from lightning_dprobust.cli.audit import format_salem_report
 from lightning_dprobust.methods import ResidualPerturbation
 from tests.helpers import digits, quiet_trainer
 
@@ -43,3 +47,18 @@ def test_salem_audit_of_an_ensemble_checkpoint_trains_one_shadow_like_it(tmp_pat
     written = (out / "audit.md").read_text()
     assert all(f"| {t} | " in written for t in ("0.5", "0.6", "0.7", "0.8"))
     assert "| loss |" not in written and (out / "roc.png").stat().st_size > 0
+
+
+def test_a_collapsed_attack_is_reported_as_no_signal_not_as_privacy():
+    constant = torch.tensor([[2.0, 1.0, 0.0]]).repeat(50, 1)
+    report = salem_attack((constant, constant), (constant, constant), epochs=1)
+    split = SalemSplit(*(np.arange(50) + 50 * i for i in range(4)))
+    assert report.collapsed and "found no signal, not that the model is private" in format_salem_report(report, split)
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "nan"])
+def test_bad_salem_lr_exits_2_in_one_line(value, tmp_path, capsys):
+    argv = ["audit", "--ckpt", "x.ckpt", "--attack", "salem", "--salem-lr", value, "--out", str(tmp_path)]
+    assert main([*argv, "--no-wandb"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("dprobust: error: --salem-lr must be > 0") and error.count("\n") == 1

@@ -77,9 +77,7 @@ def check_pixeldp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def pixeldp_command(args: argparse.Namespace) -> None:
     """Certify each ``--ckpt`` (checked flags, see :func:`check_pixeldp`); write ``<out>/<label>/pixeldp.csv`` and
     ``<out>/<label>/summary.md``, print the tables and log them to W&B unless ``--no-wandb``."""
-    from lightning_dprobust.cli.attack import _attack_names
-
-    attacks = ["clean", *_attack_names(args.attack)] if args.attack else ["clean"]
+    attacks = ["clean", *_linf_attacks(args.attack)] if args.attack else ["clean"]
     models = _mechanisms(args.ckpt, resolve_device(args.device))
     dataset, num_classes = load_split(args)
     check_models_fit(models, dataset, num_classes, args.data)
@@ -96,6 +94,20 @@ def pixeldp_command(args: argparse.Namespace) -> None:
     if args.wandb:
         written.append(log_wandb(out, "certify", vars(args), metrics))
     report_paths(written)
+
+
+def _linf_attacks(requested: list[str]) -> list[str]:
+    """The suite names of ``--attack``; only l_inf attacks with a budget can be certified against a radius."""
+    from lightning_dprobust.cli.attack import _attack_names
+    from lightning_dprobust.robustness.attacks import L2_ATTACKS
+
+    names = _attack_names(requested)
+    if unbounded := [name for name in names if name in L2_ATTACKS or name == "CW"]:
+        raise ValueError(
+            f"--attack {', '.join(unbounded)}: not an l_inf attack of size --mu-a, so no l_inf certificate covers it; "
+            "choose FGSM, PGD, BIM, MIM or AutoAttack"
+        )
+    return names
 
 
 def _mechanisms(sources: list[str], device: torch.device) -> dict[str, nn.Module]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -11,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dprobust.cli import main
+from lightning_dprobust.cli.certify_pixeldp import _psi
 from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import DPSGD
@@ -45,6 +49,15 @@ def certify(out: Path, ckpt: Path, *extra: str) -> int:
 def read_csv(path: Path) -> list[dict]:
     with path.open() as stream:
         return list(csv.DictReader(stream))
+
+
+def logged_history(run_file: Path, timeout: float = 30.0) -> dict:
+    """The logged values of an offline W&B run; W&B's service process can still be writing the file for a moment
+    after ``run.finish()`` returns (seen with wandb 0.31 on a loaded machine), so poll until the history is there."""
+    deadline = time.monotonic() + timeout
+    while not (rows := read_wandb_history(run_file)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {key: value for row in rows for key, value in row.items()}
 
 
 def table(path: Path) -> dict[tuple[str, str], tuple[float, float]]:
@@ -94,7 +107,7 @@ def test_each_attack_is_certified_at_each_attack_size_and_logged(toy_ckpt, tmp_p
     assert set(summary) == {(attack, f"{mu:g}") for attack in ("clean", "FGSM") for mu in MU_A}
     assert all(certified <= conventional for conventional, certified in summary.values())
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    logged = {key: value for row in read_wandb_history(run_file) for key, value in row.items()}
+    logged = logged_history(run_file)
     conventional = logged[f"{toy_ckpt.stem}/FGSM@0.05/conventional_acc"]
     assert 100 * conventional == pytest.approx(summary[("FGSM", "0.05")][0], abs=0.006)
 
@@ -109,6 +122,9 @@ def test_each_attack_is_certified_at_each_attack_size_and_logged(toy_ckpt, tmp_p
         (("--sigma", "0.5"), "--sigma"),
         (("--condition", "strict", "--psi", "3"), "--psi"),
         (("--bound", "wald"), "--bound"),
+        (("--attack", "PGDL2"), "--attack PGDL2"),
+        (("--attack", "CW"), "--attack CW"),
+        (("--attack", "nosuch"), "--attack"),
     ],
 )
 def test_bad_pixeldp_flags_exit_2_naming_the_flag(toy_ckpt, tmp_path, capsys, flags, named):
@@ -128,3 +144,11 @@ def test_a_module_without_the_protocol_is_refused_in_one_line(tmp_path, capsys):
     message = capsys.readouterr().err
     assert "DPSGD does not implement PixelDPMechanism" in message and len(message.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_strict_without_psi_anywhere_is_refused(tmp_path):
+    args = argparse.Namespace(condition="strict", psi=None)
+    with pytest.raises(ValueError, match="--condition strict needs the fresh-noise shrink factor: pass --psi"):
+        _psi(SimpleNamespace(hparams={}), args)
+    assert _psi(SimpleNamespace(hparams={}), argparse.Namespace(condition="strict", psi=3.0)) == 3.0
+    assert _psi(SimpleNamespace(hparams={"psi": 2.0}), args) == 2.0

@@ -66,15 +66,16 @@ def table(path: Path) -> dict[tuple[str, str], tuple[float, float]]:
     return {(attack, mu): (float(conventional), float(certified)) for attack, mu, conventional, certified in cells}
 
 
-def test_certify_pixeldp_writes_the_certificates_of_certify_pixeldp_and_a_consistent_summary(toy_ckpt, tmp_path):
-    assert certify(tmp_path, toy_ckpt, "--no-wandb") == 0
+@pytest.mark.parametrize("bound", ["clopper_pearson", "hoeffding"])
+def test_certify_pixeldp_writes_the_certificates_of_certify_pixeldp_and_a_consistent_summary(toy_ckpt, tmp_path, bound):
+    assert certify(tmp_path, toy_ckpt, "--no-wandb", "--bound", bound) == 0
     rows = read_csv(tmp_path / toy_ckpt.stem / "pixeldp.csv")
     data = DigitsDataModule()
     data.setup("test")
     x, y = data.test_set.tensors
     assert [int(row["index"]) for row in rows] == list(range(0, len(x), SKIP))
     model = load_classifier(str(toy_ckpt))
-    direct = certify_pixeldp(model, x[::SKIP], y[::SKIP], n=60, eta=0.05, seed=2, batch_size=600)
+    direct = certify_pixeldp(model, x[::SKIP], y[::SKIP], n=60, eta=0.05, bound=bound, seed=2, batch_size=600)
     assert [int(row["prediction"]) for row in rows] == direct.prediction.tolist()
     assert [float(row["radius"]) for row in rows] == pytest.approx(direct.radius.tolist(), rel=1e-12)
     summary = table(tmp_path / toy_ckpt.stem / "summary.md")

@@ -26,6 +26,7 @@ from lightning_dprobust.cli.args import (
     resolve_device,
 )
 from lightning_dprobust.core.pixeldp import BOUNDS, CONDITIONS
+from lightning_dprobust.robustness.certify import _single_label
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
 
 DEFAULT_N = 1000
@@ -77,25 +78,38 @@ def check_pixeldp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def pixeldp_command(args: argparse.Namespace) -> None:
     """Certify each ``--ckpt`` (checked flags, see :func:`check_pixeldp`); write ``<out>/<label>/pixeldp.csv`` and
     ``<out>/<label>/summary.md``, print the tables and log them to W&B unless ``--no-wandb``."""
-    from lightning_dprobust.cli.attack import _attack_names
-
-    attacks = ["clean", *_attack_names(args.attack)] if args.attack else ["clean"]
+    attacks = ["clean", *_linf_attacks(args.attack)] if args.attack else ["clean"]
     models = _mechanisms(args.ckpt, resolve_device(args.device))
+    psi = {label: _psi(model, args) for label, model in models.items()}
     dataset, num_classes = load_split(args)
     check_models_fit(models, dataset, num_classes, args.data)
     indices = list(range(0, len(dataset), args.skip))[: args.max_examples]
     x = torch.stack([dataset[i][0] for i in indices])
-    y = torch.tensor([int(dataset[i][1]) for i in indices])
+    y = torch.tensor([_single_label(dataset[i][1]) for i in indices])
     out, metrics, written = Path(args.out), {}, []
     for label, model in models.items():
-        rows, summary = _certify_model(model, x, y, indices, attacks, args, num_classes)
+        rows, summary = _certify_model(model, psi[label], x, y, indices, attacks, args, num_classes)
         table = _table(summary)
-        print(f"\n{label}: {args.data}/{args.split}, {_settings(args, model)}\n\n{table}")
+        print(f"\n{label}: {args.data}/{args.split}, {_settings(args, model, psi[label])}\n\n{table}")
         written += [_write_csv(rows, out / label / "pixeldp.csv"), write_text(table, out / label / "summary.md")]
         metrics.update({f"{label}/{key}": value for key, value in summary.items()})
     if args.wandb:
         written.append(log_wandb(out, "certify", vars(args), metrics))
     report_paths(written)
+
+
+def _linf_attacks(requested: list[str]) -> list[str]:
+    """The suite names of ``--attack``; only l_inf attacks with a budget can be certified against a radius."""
+    from lightning_dprobust.cli.attack import _attack_names
+    from lightning_dprobust.robustness.attacks import L2_ATTACKS
+
+    names = _attack_names(requested)
+    if unbounded := [name for name in names if name in L2_ATTACKS or name == "CW"]:
+        raise ValueError(
+            f"--attack {', '.join(unbounded)}: not an l_inf attack of size --mu-a, so no l_inf certificate covers it; "
+            "choose FGSM, PGD, BIM, MIM or AutoAttack"
+        )
+    return names
 
 
 def _mechanisms(sources: list[str], device: torch.device) -> dict[str, nn.Module]:
@@ -125,13 +139,13 @@ def _psi(model: nn.Module, args: argparse.Namespace) -> float:
 
 
 def _certify_model(
-    model: nn.Module, x: Tensor, y: Tensor, indices: list[int], attacks: list[str], args, classes: int
+    model: nn.Module, psi: float, x: Tensor, y: Tensor, indices: list[int], attacks: list[str], args, classes: int
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Certification rows and ``{"<attack>@<mu_a>/conventional_acc" | .../certified_acc: value}``."""
     from lightning_dprobust.robustness.pixeldp import certify_pixeldp, pixeldp_metrics
 
     options = {key: getattr(args, key) for key in ("n", "eta", "bound", "condition", "seed", "batch_size")}
-    options |= {"psi": _psi(model, args), "progress": args.progress}
+    options |= {"psi": psi, "progress": args.progress}
     device = next(model.parameters()).device
     rows, summary = [], {}
     for attack in attacks:
@@ -177,9 +191,9 @@ def _table(summary: dict[str, float]) -> str:
     return f"{caption}\n\n{markdown_table(['attack', 'mu_a', 'conventional (%)', 'certified (%)'], rows)}"
 
 
-def _settings(args: argparse.Namespace, model: nn.Module) -> str:
+def _settings(args: argparse.Namespace, model: nn.Module, psi: float) -> str:
     values = {key: getattr(args, key) for key in ("n", "eta", "bound", "condition", "seed", "batch_size")}
-    values |= {"psi": _psi(model, args), "radius_scale": float(model.pixeldp_radius_scale())}
+    values |= {"psi": psi, "radius_scale": float(model.pixeldp_radius_scale())}
     return ", ".join(
         f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}" for key, value in values.items()
     )

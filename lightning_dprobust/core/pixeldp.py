@@ -16,11 +16,13 @@ confidence bounds that hold jointly with probability at least ``1 - eta``: ``eta
 Two conditions (the readings settled for StoBatch):
 
 * ``"paper"``: PixelDP's code. Bonferroni over the ``K`` classes (each one-sided bound fails with probability
-  ``eta / K``); the radius is ``epsilon_r* * scale`` where ``scale`` is the mechanism's Eq. 13 factor.
-* ``"strict"``: every assumption of the proof made explicit. The class ``k`` is chosen from the same draws that bound
-  it, so all ``2K`` one-sided bounds must hold at once (each fails with probability ``eta / (2K)``); and when the
-  fresh inference noise is the training noise shrunk by ``psi`` (StoBatch, Appendix N) the randomness that carries
-  the guarantee has scale ``b / psi``, so the radius is ``epsilon_r* * scale / psi``.
+  ``eta / K``); the radius is ``epsilon_r* * scale`` where ``scale`` is the mechanism's Eq. 13 factor for the unit
+  l_inf ball. (StoBatch's released code evaluates ``Delta_r^x`` at the attack size, ``mu_a d``, and still compares
+  the result with ``mu_a``, which mixes units and is more lenient for ``mu_a < 1``; that variant is not offered.)
+* ``"strict"``: the two assumptions the paper's code leaves implicit are honoured. The class ``k`` is chosen from the
+  same draws that bound it, so all ``2K`` one-sided bounds must hold at once (each fails with probability
+  ``eta / (2K)``); and when the fresh inference noise is the training noise shrunk by ``psi`` (StoBatch, Appendix N)
+  the randomness that carries the guarantee has scale ``b / psi``, so the radius is ``epsilon_r* * scale / psi``.
 
 In both, an example is robust at attack size ``mu_a`` when its radius is at least ``mu_a`` (Algorithm 3).
 
@@ -29,6 +31,7 @@ What is certified depends on the estimator. ``hoeffding`` bounds the expected sc
 ``argmax_i P(argmax f = i)``, the classifier the counts predict. Both are valid: a vote is a post-processing of the
 mechanisms' joint output, so its expectation obeys the same ``e^{epsilon_r}`` ratio (sequential composition, then
 post-processing, as in the proof of Lemma 5).
+
 Everything here is plain torch and scipy, no Lightning.
 """
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -11,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dprobust.cli import main
+from lightning_dprobust.cli.certify_pixeldp import _psi
 from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import DPSGD
@@ -47,21 +51,31 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(stream))
 
 
+def logged_history(run_file: Path, timeout: float = 30.0) -> dict:
+    """The logged values of an offline W&B run; W&B's service process can still be writing the file for a moment
+    after ``run.finish()`` returns (seen with wandb 0.31 on a loaded machine), so poll until the history is there."""
+    deadline = time.monotonic() + timeout
+    while not (rows := read_wandb_history(run_file)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {key: value for row in rows for key, value in row.items()}
+
+
 def table(path: Path) -> dict[tuple[str, str], tuple[float, float]]:
     lines = [line for line in path.read_text().splitlines() if line.startswith("|")][2:]
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     return {(attack, mu): (float(conventional), float(certified)) for attack, mu, conventional, certified in cells}
 
 
-def test_certify_pixeldp_writes_the_certificates_of_certify_pixeldp_and_a_consistent_summary(toy_ckpt, tmp_path):
-    assert certify(tmp_path, toy_ckpt, "--no-wandb") == 0
+@pytest.mark.parametrize("bound", ["clopper_pearson", "hoeffding"])
+def test_certify_pixeldp_writes_the_certificates_of_certify_pixeldp_and_a_consistent_summary(toy_ckpt, tmp_path, bound):
+    assert certify(tmp_path, toy_ckpt, "--no-wandb", "--bound", bound) == 0
     rows = read_csv(tmp_path / toy_ckpt.stem / "pixeldp.csv")
     data = DigitsDataModule()
     data.setup("test")
     x, y = data.test_set.tensors
     assert [int(row["index"]) for row in rows] == list(range(0, len(x), SKIP))
     model = load_classifier(str(toy_ckpt))
-    direct = certify_pixeldp(model, x[::SKIP], y[::SKIP], n=60, eta=0.05, seed=2, batch_size=600)
+    direct = certify_pixeldp(model, x[::SKIP], y[::SKIP], n=60, eta=0.05, bound=bound, seed=2, batch_size=600)
     assert [int(row["prediction"]) for row in rows] == direct.prediction.tolist()
     assert [float(row["radius"]) for row in rows] == pytest.approx(direct.radius.tolist(), rel=1e-12)
     summary = table(tmp_path / toy_ckpt.stem / "summary.md")
@@ -94,7 +108,7 @@ def test_each_attack_is_certified_at_each_attack_size_and_logged(toy_ckpt, tmp_p
     assert set(summary) == {(attack, f"{mu:g}") for attack in ("clean", "FGSM") for mu in MU_A}
     assert all(certified <= conventional for conventional, certified in summary.values())
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    logged = {key: value for row in read_wandb_history(run_file) for key, value in row.items()}
+    logged = logged_history(run_file)
     conventional = logged[f"{toy_ckpt.stem}/FGSM@0.05/conventional_acc"]
     assert 100 * conventional == pytest.approx(summary[("FGSM", "0.05")][0], abs=0.006)
 
@@ -109,6 +123,9 @@ def test_each_attack_is_certified_at_each_attack_size_and_logged(toy_ckpt, tmp_p
         (("--sigma", "0.5"), "--sigma"),
         (("--condition", "strict", "--psi", "3"), "--psi"),
         (("--bound", "wald"), "--bound"),
+        (("--attack", "PGDL2"), "--attack PGDL2"),
+        (("--attack", "CW"), "--attack CW"),
+        (("--attack", "nosuch"), "--attack"),
     ],
 )
 def test_bad_pixeldp_flags_exit_2_naming_the_flag(toy_ckpt, tmp_path, capsys, flags, named):
@@ -128,3 +145,11 @@ def test_a_module_without_the_protocol_is_refused_in_one_line(tmp_path, capsys):
     message = capsys.readouterr().err
     assert "DPSGD does not implement PixelDPMechanism" in message and len(message.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_strict_without_psi_anywhere_is_refused(tmp_path):
+    args = argparse.Namespace(condition="strict", psi=None)
+    with pytest.raises(ValueError, match="--condition strict needs the fresh-noise shrink factor: pass --psi"):
+        _psi(SimpleNamespace(hparams={}), args)
+    assert _psi(SimpleNamespace(hparams={}), argparse.Namespace(condition="strict", psi=3.0)) == 3.0
+    assert _psi(SimpleNamespace(hparams={"psi": 2.0}), args) == 2.0

@@ -47,7 +47,7 @@ class StoBatch(ClassifierModule):
     Before the first step (``on_fit_start``), once per model: Laplace noise ``chi1`` (inputs, scale
     ``Delta_R / (m epsilon1)``), ``chi2`` (first hidden layer, ``2 Delta_R / (m epsilon1)``) and ``chi3`` (label
     coefficients, ``Delta_L2 / epsilon2``) is drawn into the network's buffers, and the training set is cut into
-    fixed disjoint batches of ``m`` (a buffer as well), both from secret randomness
+    fixed disjoint batches of ``m`` (kept in checkpoints, not in the weights), both from secret randomness
     (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`). A resumed fit restores both from the
     checkpoint and draws nothing. Each step then takes a benign batch and a different adversarial-source batch;
     crafts DP adversarial examples from the source's perturbed inputs with I-FGSM, MIM and PGD at a random size
@@ -113,7 +113,7 @@ class StoBatch(ClassifierModule):
         super().__init__(model="stobatch_cnn", model_kwargs=net_kwargs, optimizer=optimizer, lr=lr, **kwargs)
         self.randomness = DPRandomness(noise_seed, owner="StoBatch")
         self.ledger = PrivacyLedger()
-        self.register_buffer("batches", torch.zeros(0, batch_size, dtype=torch.long))
+        self.batches = torch.zeros(0, batch_size, dtype=torch.long)  # in checkpoints, never in released weights
         self.privacy_delta = 0.0
 
     @property
@@ -141,7 +141,7 @@ class StoBatch(ClassifierModule):
             generator = torch.Generator().manual_seed(self.randomness.mask_seed())
             self.batches = sb.fixed_disjoint_batches(len(loader.dataset), self.hparams.batch_size, generator)
         pairs = sb.step_pairs(len(self.batches), self.trainer.world_size, self.trainer.global_rank)
-        sampler = FixedPairSampler(self.batches.cpu(), pairs)
+        sampler = FixedPairSampler(self.batches, pairs)
         return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers)
 
     def _record_privacy(self) -> None:
@@ -226,14 +226,16 @@ class StoBatch(ClassifierModule):
         super().on_save_checkpoint(checkpoint)
         checkpoint["privacy_ledger"] = self.ledger.state_dict()
         checkpoint["stobatch_randomness"] = self.randomness.state_dict()
+        checkpoint["stobatch_batches"] = self.batches
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the ledger, and size the batches buffer so that the saved batches load into it."""
-        self.batches = torch.zeros_like(checkpoint["state_dict"]["batches"])
+        """Restore the ledger and the fixed batches (a resume serves the same batches and draws nothing)."""
         super().on_load_checkpoint(checkpoint)
         if "privacy_ledger" in checkpoint:
             self.ledger.load_state_dict(checkpoint["privacy_ledger"])
         self.randomness.load_state_dict(checkpoint.get("stobatch_randomness", {}))
+        if "stobatch_batches" in checkpoint:
+            self.batches = checkpoint["stobatch_batches"].cpu()
 
 
 def _check_arguments(batch_size: int, xi: float, psi: float, steps: int, mu_max: float, bound: float, form: str):

@@ -15,7 +15,6 @@ from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.core import stobatch as sb
 from lightning_dprobust.methods import StoBatch
 from lightning_dprobust.methods import stobatch as method
-from lightning_dprobust.models import StoBatchNet
 from lightning_dprobust.robustness import stobatch_attacks
 from tests.helpers import digits, quiet_trainer
 
@@ -52,12 +51,11 @@ def test_fit_learns_records_four_laplace_releases_and_logs_epsilon(tmp_path, cap
     logged = trainer.callback_metrics["privacy/epsilon"].item()
     accuracy = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
     assert accuracy > 0.5  # chance is 0.1
-    net = sto.net
     releases = {event.source: event.epsilon for event in sto.ledger.laplace}
     assert releases == {
-        "stobatch.autoencoder": pytest.approx(net.epsilon1),
-        "stobatch.inputs": pytest.approx(net.epsilon1 / net.gamma_x),
-        "stobatch.hidden": pytest.approx(net.epsilon1 / net.gamma),
+        "stobatch.autoencoder": pytest.approx(sto.epsilon1),
+        "stobatch.inputs": pytest.approx(sto.epsilon1 / sto.gamma_x),
+        "stobatch.hidden": pytest.approx(sto.epsilon1 / sto.gamma),
         "stobatch.labels": pytest.approx(0.1),
     }
     assert sto.ledger.epsilon(0.0) == pytest.approx(2.0, rel=1e-12)
@@ -91,19 +89,22 @@ def test_noise_is_secret_by_default_and_redrawing_is_refused(tmp_path):
         draws.append(sto.net.input_noise.clone())
     assert not torch.equal(draws[0], draws[1])  # seed_everything does not fix the secret draw
     with pytest.raises(RuntimeError, match="drawn once"):
-        sto.net.draw_noise(torch.Generator())
+        sto.draw_noise(torch.Generator())
 
 
 def test_noise_scales_follow_the_budget():
-    net = StoBatchNet(num_classes=10, input_shape=(3, 28, 28), channels=64, kernel_size=4, batch_size=100, hidden=256)
-    assert net.delta_r == 48 * (14 * 14 + 2)
-    assert net.input_scale == pytest.approx(net.delta_r / (100 * net.epsilon1))
-    assert net.hidden_scale == pytest.approx(2 * net.input_scale)
-    assert net.label_scale == pytest.approx(512 / net.epsilon2)
-    net.draw_noise(torch.Generator().manual_seed(0))
-    assert net.input_noise.abs().mean().item() == pytest.approx(net.input_scale, rel=0.05)
-    assert net.hidden_noise.abs().mean().item() == pytest.approx(net.hidden_scale, rel=0.03)
-    assert net.label_noise.abs().mean().item() == pytest.approx(net.label_scale, rel=0.05)
+    arch = dict(channels=64, kernel_size=4, hidden=256)
+    sto = module(input_shape=(3, 28, 28), batch_size=100, model_kwargs=arch)
+    assert sto.delta_r == 48 * (14 * 14 + 2) and sto.delta_l2 == 512
+    assert sto.gamma_x == pytest.approx(sto.delta_r / 100) and sto.gamma == pytest.approx(2 * sto.delta_r / 100)
+    assert sto.input_scale == pytest.approx(sto.delta_r / (100 * sto.epsilon1))
+    assert sto.hidden_scale == pytest.approx(2 * sto.input_scale)
+    assert sto.label_scale == pytest.approx(512 / sto.epsilon2)
+    sto.draw_noise(torch.Generator().manual_seed(0))
+    net = sto.net
+    assert net.input_noise.abs().mean().item() == pytest.approx(sto.input_scale, rel=0.05)
+    assert net.hidden_noise.abs().mean().item() == pytest.approx(sto.hidden_scale, rel=0.03)
+    assert net.label_noise.abs().mean().item() == pytest.approx(sto.label_scale, rel=0.05)
 
 
 def test_resume_restores_noise_and_batches_and_draws_nothing(tmp_path, monkeypatch):
@@ -131,7 +132,7 @@ def test_resume_restores_noise_and_batches_and_draws_nothing(tmp_path, monkeypat
 
 def test_gradient_isolation_between_theta1_and_theta2():
     sto = module()
-    sto.net.draw_noise(torch.Generator().manual_seed(0))
+    sto.draw_noise(torch.Generator().manual_seed(0))
     data = digits()
     data.setup("fit")
     x, y = (t[:240] for t in data.train_set.tensors)
@@ -146,7 +147,7 @@ def test_gradient_isolation_between_theta1_and_theta2():
 
 def test_training_attacks_stay_in_the_ball_and_never_read_the_labels(monkeypatch):
     sto = module()
-    sto.net.draw_noise(torch.Generator().manual_seed(0))
+    sto.draw_noise(torch.Generator().manual_seed(0))
     data = digits()
     data.setup("fit")
     x, y = (t[:240] for t in data.train_set.tensors)
@@ -188,10 +189,8 @@ def test_pixeldp_interface(tmp_path):
     assert torch.equal(scores, sto.pixeldp_scores(x, 6, torch.Generator().manual_seed(0)))
     assert all(torch.equal(before[name], getattr(sto.net, name)) for name in BUFFERS)
     assert sto.pixeldp_attack_norm == "linf"
-    net = sto.net
-    beta = net.map_shape[1] * net.map_shape[2]
-    delta_rh = beta * net.encoder.weight.abs().sum().item()
-    expected = net.delta_r / (120 * net.epsilon1 * (64 + delta_rh / 2)) / 2
+    delta_rh = sto.net.neurons * sto.net.encoder.weight.abs().sum().item()
+    expected = sto.delta_r / (120 * sto.epsilon1 * (64 + delta_rh / 2)) / 2
     assert sto.pixeldp_radius_scale() == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="n=0"):
         sto.pixeldp_scores(x, 0, torch.Generator())

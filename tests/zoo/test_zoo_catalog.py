@@ -201,9 +201,8 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
 
 
 def _stobatch_view(init: dict) -> dict:
-    """``StoBatch`` builds the registry's ``stobatch_cnn`` from ``model_kwargs`` plus its privacy arguments."""
-    privacy = {key: init[key] for key in ("batch_size", "epsilon", "budget_split", "theta1_bound", "psi")}
-    return {"model": "stobatch_cnn", "model_kwargs": {**init["model_kwargs"], **privacy}}
+    """``StoBatch`` always builds the registry's ``stobatch_cnn`` from its ``model_kwargs``."""
+    return {"model": "stobatch_cnn", "model_kwargs": init.get("model_kwargs") or {}}
 
 
 def _residual_perturbation_view(init: dict, kwargs: dict) -> tuple[dict, dict]:

@@ -22,6 +22,7 @@ def test_every_method_has_a_digits_config_and_the_paper_datasets():
     assert {"dpcert/mnist", "dpcert/fashion_mnist", "dpcert/cifar10"} <= names
     assert {"dpadv/mnist", "dpadv/fashion_mnist", "dpadv/cifar10", "dpadv/celeba"} <= names
     assert {"residual/digits", "residual/cifar10", "residual/cifar100", "residual/idc"} <= names
+    assert {"stobatch/digits", "stobatch/mnist", "stobatch/cifar10", "stobatch/tiny_imagenet"} <= names
 
 
 @pytest.mark.parametrize("config", EMBEDDED, ids=lambda path: f"{path.parent.name}/{path.stem}")

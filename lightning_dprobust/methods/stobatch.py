@@ -3,6 +3,7 @@ Learning", ICML 2020 (https://arxiv.org/abs/1903.09822)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ class StoBatch(ClassifierModule):
     Before the first step (``on_fit_start``), once per model: Laplace noise ``chi1`` (inputs, scale
     ``Delta_R / (m epsilon1)``), ``chi2`` (first hidden layer, ``2 Delta_R / (m epsilon1)``) and ``chi3`` (label
     coefficients, ``Delta_L2 / epsilon2``) is drawn into the network's buffers, and the training set is cut into
-    fixed disjoint batches of ``m`` (a buffer as well), both from secret randomness
+    fixed disjoint batches of ``m`` (kept in checkpoints, not in the weights), both from secret randomness
     (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`). A resumed fit restores both from the
     checkpoint and draws nothing. Each step then takes a benign batch and a different adversarial-source batch;
     crafts DP adversarial examples from the source's perturbed inputs with I-FGSM, MIM and PGD at a random size
@@ -102,24 +103,47 @@ class StoBatch(ClassifierModule):
     ) -> None:
         _check_arguments(batch_size, xi, psi, attack_steps, mu_max, theta1_bound, reconstruction)
         kwargs.pop("model", None), kwargs.pop("mean", None), kwargs.pop("std", None)
-        net_kwargs = {
-            **(model_kwargs or {}),
-            "batch_size": batch_size,
-            "epsilon": epsilon,
-            "budget_split": budget_split,
-            "theta1_bound": theta1_bound,
-            "psi": psi,
-        }
-        super().__init__(model="stobatch_cnn", model_kwargs=net_kwargs, optimizer=optimizer, lr=lr, **kwargs)
+        super().__init__(model="stobatch_cnn", model_kwargs=model_kwargs, optimizer=optimizer, lr=lr, **kwargs)
+        net = self.net
+        self.delta_r = sb.reconstruction_sensitivity(net.patch_size, net.neurons)
+        self.delta_l2 = sb.label_sensitivity(net.head.in_features)
+        self.gamma_x = sb.gamma_x(self.delta_r, batch_size)
+        self.gamma = sb.gamma_h(self.delta_r, batch_size, theta1_bound)
+        self.epsilon1, self.epsilon2 = sb.split_budget(float(epsilon), budget_split, self.gamma, self.gamma_x)
+        sb.project_theta1(net.encoder.weight, theta1_bound)
         self.randomness = DPRandomness(noise_seed, owner="StoBatch")
         self.ledger = PrivacyLedger()
-        self.register_buffer("batches", torch.zeros(0, batch_size, dtype=torch.long))
+        self.batches = torch.zeros(0, batch_size, dtype=torch.long)  # in checkpoints, never in released weights
         self.privacy_delta = 0.0
 
     @property
     def net(self) -> StoBatchNet:
         """The :class:`StoBatchNet` behind the (identity) normalization."""
         return self.model.net
+
+    @property
+    def input_scale(self) -> float:
+        """Laplace scale of each input coordinate's noise, ``Delta_R / (m epsilon1)`` (Eq. 16)."""
+        return self.delta_r / (self.hparams.batch_size * self.epsilon1)
+
+    @property
+    def hidden_scale(self) -> float:
+        """Laplace scale of each first-layer neuron's noise, ``2 Delta_R / (m epsilon1)`` (Eq. 17)."""
+        return 2 * self.input_scale
+
+    @property
+    def label_scale(self) -> float:
+        """Laplace scale of each label coefficient's batch-sum noise, ``Delta_L2 / epsilon2`` (Lemma 4)."""
+        return self.delta_l2 / self.epsilon2
+
+    def draw_noise(self, generator: torch.Generator) -> None:
+        """Draw ``chi1 / m``, ``2 chi2 / m`` and ``chi3`` from ``generator`` into the network (refused if drawn)."""
+        net = self.net
+        net.set_noise(
+            sb.laplace(tuple(net.input_noise.shape), self.input_scale, generator),
+            sb.laplace(tuple(net.hidden_noise.shape), self.hidden_scale, generator),
+            sb.laplace(tuple(net.label_noise.shape), self.label_scale, generator),
+        )
 
     # ------------------------------------------------------------------------------------------- the privacy layer
     def on_fit_start(self) -> None:
@@ -128,7 +152,7 @@ class StoBatch(ClassifierModule):
             self.randomness.next_fit()
             self.randomness.start(self.trainer)
         if not bool(self.net.noise_drawn):
-            self.net.draw_noise(self.randomness.noise_generator(0, self.device))
+            self.draw_noise(self.randomness.noise_generator(0, self.device))
         self._record_privacy()
         source = self.trainer.datamodule if self.trainer.datamodule is not None else self
         original = source.train_dataloader
@@ -141,12 +165,11 @@ class StoBatch(ClassifierModule):
             generator = torch.Generator().manual_seed(self.randomness.mask_seed())
             self.batches = sb.fixed_disjoint_batches(len(loader.dataset), self.hparams.batch_size, generator)
         pairs = sb.step_pairs(len(self.batches), self.trainer.world_size, self.trainer.global_rank)
-        sampler = FixedPairSampler(self.batches.cpu(), pairs)
+        sampler = FixedPairSampler(self.batches, pairs)
         return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers)
 
     def _record_privacy(self) -> None:
-        net = self.net
-        releases = (net.epsilon1, net.epsilon1 / net.gamma_x, net.epsilon1 / net.gamma, net.epsilon2)
+        releases = (self.epsilon1, self.epsilon1 / self.gamma_x, self.epsilon1 / self.gamma, self.epsilon2)
         for source, epsilon in zip(SOURCES, releases, strict=True):
             self.ledger.record_laplace(source, epsilon)
 
@@ -203,37 +226,65 @@ class StoBatch(ClassifierModule):
         sb.project_theta1(self.net.encoder.weight, self.hparams.theta1_bound)
 
     def on_fit_end(self) -> None:
-        net = self.net
         rank_zero_info(
-            f"StoBatch: epsilon = {self.ledger.epsilon(0.0):.4g} (pure DP, delta = 0; epsilon1 = {net.epsilon1:.4g}, "
-            f"epsilon2 = {net.epsilon2:.4g}, gamma_x = {net.gamma_x:.4g}, gamma = {net.gamma:.4g}); the same whatever "
-            "the number of steps"
+            f"StoBatch: epsilon = {self.ledger.epsilon(0.0):.4g} (pure DP, delta = 0; epsilon1 = {self.epsilon1:.4g}, "
+            f"epsilon2 = {self.epsilon2:.4g}, gamma_x = {self.gamma_x:.4g}, gamma = {self.gamma:.4g}); the same "
+            "whatever the number of steps"
         )
 
     # -------------------------------------------------------------------------------------- PixelDP certification
     pixeldp_attack_norm = "linf"
 
+    @torch.no_grad()
     def pixeldp_scores(self, x: Tensor, n: int, generator: torch.Generator) -> Tensor:
-        """See :meth:`StoBatchNet.pixeldp_scores` (``[n, B, K]``, ``x`` in ``[0, 1]``)."""
-        return self.net.pixeldp_scores(x, n, generator)
+        """``[n, B, K]`` composed scores ``p_x * p_h`` (Eq. 11, Corollary 1, Appendix N) for ``x`` in ``[0, 1]``.
+
+        Draw ``t``: ``p_x`` = softmax with fresh input noise ``Lap(Delta_R / (m epsilon1 psi))`` on top of the training
+        draw and the hidden noise held at its training draw; ``p_h`` = softmax with fresh hidden noise
+        ``Lap(2 Delta_R / (m epsilon1 psi))`` and the input noise held. Fresh noise comes from ``generator`` only and
+        never touches the buffers. Call in eval mode.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n={n!r} must be an int >= 1 (the Monte-Carlo draws)")
+        net, psi = self.net, self.hparams.psi
+        x_bar = net.perturb(x)
+        h_fixed = net.hidden(x_bar)
+        scores = []
+        for _ in range(n):
+            fresh_x = sb.laplace(tuple(x.shape), self.input_scale / psi, generator).to(x)
+            fresh_h = sb.laplace(tuple(h_fixed.shape), self.hidden_scale / psi, generator).to(x)
+            p_x = net.classify(net.hidden(x_bar + fresh_x)).softmax(-1)
+            p_h = net.classify(h_fixed + fresh_h).softmax(-1)
+            scores.append(p_x * p_h)
+        return torch.stack(scores)
 
     def pixeldp_radius_scale(self) -> float:
-        """See :meth:`StoBatchNet.pixeldp_radius_scale` (pixel units)."""
-        return self.net.pixeldp_radius_scale()
+        """Certified l_inf radius in ``[0, 1]`` pixel units per unit of ``epsilon_r*`` (Eq. 13).
 
-    # -------------------------------------------------------------------------------------------------- checkpoints
+        ``Delta_R / (m epsilon1 (Delta_r^x + Delta_r^h / 2)) / 2`` with sound sensitivities for the unit l_inf ball
+        of the paper's ``[-1, 1]`` scale: ``Delta_r^x`` = the number of input coordinates, ``Delta_r^h = beta sum_f
+        ||w_f||_1`` (spec section 15 item 6); the final ``/ 2`` converts ``[-1, 1]`` units to pixel units. It does not
+        divide by ``psi`` (the paper does not); a strict certificate also divides by ``hparams.psi``.
+        """
+        net = self.net
+        delta_rx = math.prod(net.input_shape)
+        delta_rh = net.neurons * float(net.encoder.weight.detach().abs().sum())
+        return sb.radius_factor(self.delta_r, self.hparams.batch_size, self.epsilon1, delta_rx, delta_rh) / 2
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["privacy_ledger"] = self.ledger.state_dict()
         checkpoint["stobatch_randomness"] = self.randomness.state_dict()
+        checkpoint["stobatch_batches"] = self.batches
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the ledger, and size the batches buffer so that the saved batches load into it."""
-        self.batches = torch.zeros_like(checkpoint["state_dict"]["batches"])
+        """Restore the ledger and the fixed batches (a resume serves the same batches and draws nothing)."""
         super().on_load_checkpoint(checkpoint)
         if "privacy_ledger" in checkpoint:
             self.ledger.load_state_dict(checkpoint["privacy_ledger"])
         self.randomness.load_state_dict(checkpoint.get("stobatch_randomness", {}))
+        if "stobatch_batches" in checkpoint:
+            self.batches = checkpoint["stobatch_batches"].cpu()
 
 
 def _check_arguments(batch_size: int, xi: float, psi: float, steps: int, mu_max: float, bound: float, form: str):

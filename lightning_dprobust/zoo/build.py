@@ -136,8 +136,8 @@ def train_and_evaluate(
     random starts seeded with :data:`ATTACK_SEEDS`.
 
     Returns:
-        The trained model (the module's ``model``), the metrics, and the privacy record of its ``DPCallback``
-        (``None`` without one).
+        The trained model (the module's ``model``), the metrics, and the privacy record of its ``DPCallback`` or of
+        the module's own ledger (``None`` for a non-private run).
     """
     from lightning_dprobust.recipes import fit_recipe, quiet_overrides
 
@@ -151,7 +151,7 @@ def train_and_evaluate(
         )
     if evaluation.get("robustness"):
         metrics |= _robust_metrics(module, fitted.datamodule.test_dataloader(), **evaluation["robustness"])
-    privacy = None if fitted.privacy is None else privacy_record(fitted.privacy)
+    privacy = module_privacy_record(fitted.trainer) if fitted.privacy is None else privacy_record(fitted.privacy)
     return module.model, metrics, privacy
 
 
@@ -187,6 +187,25 @@ def privacy_record(dp: Any) -> dict[str, Any]:
         "max_grad_norm": float(dp.max_grad_norm),
         "sample_rate": float(dp.loaders.sample_rate),
         "steps": int(dp.ledger.steps),
+    }
+
+
+def module_privacy_record(trainer: Any) -> dict[str, Any] | None:
+    """The guarantee of a module-owned ledger (e.g. StoBatch's pure-DP Laplace releases) as ``meta.privacy``;
+    ``None`` for a non-private run. Pure DP has ``delta`` 0 and the accountant ``"laplace"`` (basic composition)."""
+    from lightning_dprobust.callbacks.run import privacy_owner
+
+    owner = privacy_owner(trainer)
+    if owner is None:
+        return None
+    return {
+        "epsilon": float(owner.epsilon()),
+        "delta": float(owner.delta),
+        "accountant": owner.accountant if owner.ledger.steps else "laplace",
+        "noise_multiplier": None,
+        "max_grad_norm": None,
+        "sample_rate": None,
+        "steps": int(trainer.global_step),
     }
 
 

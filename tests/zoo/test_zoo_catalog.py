@@ -110,6 +110,10 @@ def test_kind_specific_meta(name):
     if privacy is None:
         assert "eps" not in RAW[name]["name"].split(".")[1], "a non-private entry must not carry an epsilon tag"
         return
+    if privacy["accountant"] == "laplace":  # pure DP (StoBatch): delta 0, no Gaussian mechanism
+        assert set(privacy) == PRIVACY and privacy["delta"] == 0 and privacy["epsilon"] > 0
+        assert privacy["noise_multiplier"] is privacy["max_grad_norm"] is privacy["sample_rate"] is None
+        return
     assert set(privacy) == PRIVACY and privacy["accountant"] in ("pld", "rdp", "prv")
     assert 0 < privacy["delta"] < 1e-4 and privacy["max_grad_norm"] > 0
     if RAW[name]["status"] == "shipped":
@@ -121,7 +125,8 @@ def test_the_epsilon_tag_is_kept(name):
     if name == "none":
         pytest.skip("no private entry")
     privacy, tag = RAW[name]["meta"]["privacy"], name.split(".")[1]
-    target = float(re.search(r"_eps(\d+)", tag).group(1))
+    digits = re.search(r"_eps(\d+)", tag).group(1)
+    target = float(f"0.{digits[1:]}" if digits.startswith("0") else digits)  # eps05 is 0.5, as s025 is sigma 0.25
     if RAW[name]["status"] == "shipped":
         assert 0.95 * target <= privacy["epsilon"] <= 1.005 * target
     elif privacy["epsilon"] is not None:
@@ -175,6 +180,8 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     denoiser = entry.get("kind") == "denoiser"  # the model is TransDenoiser's denoiser, in front of meta.classifier
     if entry["model"]["name"] == "residual_perturbation":
         init, kwargs = _residual_perturbation_view(init, kwargs)
+    if entry["model"]["name"] == "stobatch_cnn":
+        init = _stobatch_view(init)
     assert init["denoiser" if denoiser else "model"] == entry["model"]["name"]
     if denoiser:
         assert init["classifier"] == entry["meta"]["classifier"]
@@ -187,10 +194,15 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     data = _data_module(config)
     assert data.name == entry["meta"]["dataset"]
     assert (data.num_classes, list(data.input_shape)) == (kwargs["num_classes"], kwargs["input_shape"])
-    if not denoiser:  # a denoiser works on [0, 1] images without normalization
+    if not denoiser and entry["model"]["name"] != "stobatch_cnn":  # these two map [0, 1] themselves
         assert list(data.mean) == pytest.approx(kwargs["mean"]) and list(data.std) == pytest.approx(kwargs["std"])
     if entry["meta"]["privacy"] is None:
         assert config.get("dp") is None
+
+
+def _stobatch_view(init: dict) -> dict:
+    """``StoBatch`` always builds the registry's ``stobatch_cnn`` from its ``model_kwargs``."""
+    return {"model": "stobatch_cnn", "model_kwargs": init.get("model_kwargs") or {}}
 
 
 def _residual_perturbation_view(init: dict, kwargs: dict) -> tuple[dict, dict]:
@@ -236,6 +248,10 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
     config, _ = recipe_config(Zoo(ZOO).info(name))
     assert not any(c["class_path"].endswith(".DPCallback") for c in config["trainer"].get("callbacks", []))
     privacy = entry["meta"]["privacy"]
+    if entry["meta"]["method"] == "StoBatch":  # pure DP from the module's own Laplace releases, no dp group
+        assert config.get("dp") is None and privacy["accountant"] == "laplace"
+        assert privacy["epsilon"] == pytest.approx(config["model"]["init_args"]["epsilon"], rel=1e-9)
+        return
     assert (config.get("dp") is not None) == (privacy is not None)
     if privacy is not None:
         args = Recipe(config).dp

@@ -1,0 +1,40 @@
+"""Distributed StoBatch (Alg. 4) with 2 gloo processes: one noise draw and one batch partition shared by the ranks,
+each fixed batch owned by one rank alone, averaged gradients keep the replicas identical, the same epsilon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _launch(out_dir: Path, devices: int) -> list[dict]:
+    out_dir.mkdir()
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).with_name("stobatch_ddp_run.py")
+    result = subprocess.run(
+        [sys.executable, str(script), str(out_dir), str(devices)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_share_the_noise_own_disjoint_batches_and_stay_identical(tmp_path):
+    first, second = _launch(tmp_path / "ddp", 2)
+    assert first["world_size"] == 2
+    assert torch.equal(first["noise"], second["noise"]) and torch.equal(first["batches"], second["batches"])
+    assert torch.equal(first["params"], second["params"])
+    assert not torch.equal(first["params"], first["initial"])
+    mine = {index for batch in first["served"] for index in batch}
+    theirs = {index for batch in second["served"] for index in batch}
+    assert mine and theirs and not mine & theirs  # each fixed batch belongs to one trainer
+    assert len(first["served"]) == len(second["served"]) == len(first["batches"]) // 2 // 2
+    assert first["steps"] == 2 * len(first["served"])  # the same pairs in both epochs
+    assert first["epsilon"] == second["epsilon"] == pytest.approx(2.0)

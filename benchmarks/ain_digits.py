@@ -2,8 +2,9 @@
 
 For each seed (``--seeds``, default 0 1 2: AIN's and the classifiers' initialization, the attacks' random streams):
 
-1. trains a targeted (class 8) and an untargeted AIN with the recipe ``configs/ain/digits.yaml`` and the overrides of
-   the shipped zoo entries (plain exponential decay from 0.8 to 0.1, ``--ain-epochs`` epochs);
+1. trains a targeted (class 8) and an untargeted AIN with the settings of ``configs/ain/digits.yaml`` except, as for
+   the shipped zoo entries, plain exponential decay from 0.8 down to 0.1 (its rate set so that 0.1 is reached after
+   70% of ``--ain-epochs``), batch 32 and lr 2e-3;
 2. measures on the test split the attack success rate at Linf 0.1, 0.2, 0.3 of AIN, i-FGSM (BIM, 10 steps of
    eps/10), PGD (10 steps, random start) and CW (torchattacks' L2 CW, 50 steps, its perturbation then clipped to the
    Linf ball: CW has no Linf budget of its own). Targeted success: classified as 8 (examples of class 8 left out);
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 import warnings
 
@@ -33,7 +35,7 @@ from lightning_dprobust import zoo
 from lightning_dprobust.callbacks import AdversarialAugmentation
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import AIN, ClassifierModule
-from lightning_dprobust.robustness.ain_attack import AINAttack
+from lightning_dprobust.robustness.ain_attack import AINAttack, success_rate
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
 from lightning_dprobust.robustness.reports import markdown_table
 
@@ -56,8 +58,9 @@ def _trainer(epochs: int, **kwargs) -> L.Trainer:
 
 
 def train_ain(seed: int, target_class: int | None, epochs: int) -> AIN:
-    """The zoo entries' recipe: configs/ain/digits.yaml with plain exponential decay to 0.1 (see zoo/entries)."""
+    """configs/ain/digits.yaml with plain exponential decay to 0.1, reached after 70% of the epochs."""
     L.seed_everything(seed, verbose=False)
+    rate = math.log(0.1 / 0.8) / (0.7 * epochs)
     module = AIN(
         target=TARGET,
         target_class=target_class,
@@ -66,7 +69,7 @@ def train_ain(seed: int, target_class: int | None, epochs: int) -> AIN:
         noise_seed=seed,
         generator_kwargs={"channels": [8, 16, 16, 32]},
         adaptive=False,
-        decay_rate=-0.1,
+        decay_rate=rate,
         min_bound=0.1,
         lr=2e-3,
     )
@@ -99,15 +102,6 @@ class _LinfCW(torchattacks.attack.Attack):
     def forward(self, images, labels):
         adversarial = self.inner(images, labels)
         return (images + (adversarial - images).clamp(-self.eps, self.eps)).clamp(0, 1)
-
-
-def success_rate(model, adversarial, labels, target_class) -> float:
-    with torch.no_grad():
-        predicted = model(adversarial).argmax(dim=1)
-    if target_class is None:
-        return (predicted != labels).float().mean().item()
-    keep = labels != target_class
-    return (predicted[keep] == target_class).float().mean().item()
 
 
 def attack_success(seed: int, epochs: int, target, x, y) -> tuple[dict[str, float], dict[str, AIN]]:

@@ -203,9 +203,11 @@ class AIN(ClassifierModule):
         x, y = batch
         check_batch(x, y, self.num_classes, self.input_shape)
         losses = {key: value.mean() for key, value in self.losses(x, y).items()}
-        self.log_dict({f"train/{key}": value for key, value in losses.items()}, prog_bar=False)
+        loss = losses["loss"]
+        self.log("train/loss", losses.pop("loss"), prog_bar=True)
+        self.log_dict({f"train/{key}": value for key, value in losses.items()}, on_step=False, on_epoch=True)
         self.log("ain/train_bound", self.bound, prog_bar=True)
-        return losses["loss"]
+        return loss
 
     def on_fit_start(self) -> None:
         self.noise = torch.Generator(device=self.device).manual_seed(self.hparams.noise_seed)
@@ -232,7 +234,7 @@ class AIN(ClassifierModule):
         self.val_linf.update((adversarial - x).flatten(1).abs().amax(dim=1))
         self.log(f"{stage}/success", self.val_success, prog_bar=True)
         self.log(f"{stage}/linf", self.val_linf)
-        if stage == "val" and self.global_rank == 0 and not self.trainer.sanity_checking:
+        if stage == "val" and not self.trainer.sanity_checking:
             self._examples = (x[:8].detach(), adversarial[:8].detach())
 
     def validation_success(self) -> float:

@@ -195,19 +195,21 @@ class AIN(ClassifierModule):
         return self.losses(x, y)["loss"]
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        check_batch(x, y, self.num_classes, self.input_shape)
-        losses = {key: value.mean() for key, value in self.losses(x, y).items()}
-        self.log_dict({f"train/{key}": value for key, value in losses.items()}, prog_bar=False)
-        self.log("ain/train_bound", self.bound, prog_bar=True)
-        return losses["loss"]
-
-    def on_fit_start(self) -> None:
         if self.private_step is not None:
             raise MisconfigurationException(
                 "AIN trains an attack and takes no DP callback: drop the `dp` group (--dp null); train the classifier "
                 "on AIN's examples privately instead (AdversarialAugmentation with AINAttack under DPCallback)"
             )
+        x, y = batch
+        check_batch(x, y, self.num_classes, self.input_shape)
+        losses = {key: value.mean() for key, value in self.losses(x, y).items()}
+        loss = losses["loss"]
+        self.log("train/loss", losses.pop("loss"), prog_bar=True)
+        self.log_dict({f"train/{key}": value for key, value in losses.items()}, on_step=False, on_epoch=True)
+        self.log("ain/train_bound", self.bound, prog_bar=True)
+        return loss
+
+    def on_fit_start(self) -> None:
         self.noise = torch.Generator(device=self.device).manual_seed(self.hparams.noise_seed)
         if self.previous_weights is None:
             self.previous_weights = _snapshot(self.generator)
@@ -232,14 +234,18 @@ class AIN(ClassifierModule):
         self.val_linf.update((adversarial - x).flatten(1).abs().amax(dim=1))
         self.log(f"{stage}/success", self.val_success, prog_bar=True)
         self.log(f"{stage}/linf", self.val_linf)
-        if stage == "val" and self.global_rank == 0 and not self.trainer.sanity_checking:
+        if stage == "val" and not self.trainer.sanity_checking:
             self._examples = (x[:8].detach(), adversarial[:8].detach())
+
+    def validation_success(self) -> float:
+        """``S1``: the epoch's validation attack success rate, reduced over DDP ranks."""
+        return float(self.val_success.compute())
 
     def on_validation_epoch_end(self) -> None:
         """Algorithm 2, lines 5-16, on the epoch's validation success rate (the same on every DDP rank)."""
         if self.trainer.sanity_checking:
             return
-        decision = self.controller.update(float(self.val_success.compute()))
+        decision = self.controller.update(self.validation_success())
         if decision.action == "rollback":
             self.generator.load_state_dict(self.previous_weights)
         else:

@@ -153,6 +153,17 @@ class AINAttack(Attack):
         return predicted != labels if self.target_class is None else predicted == self.target_class
 
 
+def success_rate(model: nn.Module, adversarial: Tensor, labels: Tensor, target_class: int | None) -> float:
+    """Attack success rate as the thesis counts it (section 5.3): untargeted, the fraction ``model`` misclassifies;
+    targeted, the fraction it classifies as ``target_class`` among the examples of other classes."""
+    with torch.no_grad():
+        predicted = model(adversarial).argmax(dim=1)
+    if target_class is None:
+        return (predicted != labels).float().mean().item()
+    keep = labels != target_class
+    return (predicted[keep] == target_class).float().mean().item()
+
+
 def ain_attack(model: nn.Module, eps: float, ain: str | AINGenerator | None = None, **kwargs: Any) -> AINAttack:
     """Suite builder: :class:`AINAttack` on ``model`` with bound ``eps``; ``ain`` names the trained AIN."""
     if ain is None:
@@ -163,4 +174,4 @@ def ain_attack(model: nn.Module, eps: float, ain: str | AINGenerator | None = No
     return AINAttack(model, ain, eps, **kwargs)
 
 
-__all__ = ["AIN_CLASS", "AINAttack", "ain_attack", "load_ain_generator"]
+__all__ = ["AIN_CLASS", "AINAttack", "ain_attack", "load_ain_generator", "success_rate"]

@@ -7,6 +7,8 @@ import torch
 import torchattacks
 from torchattacks.attack import Attack
 
+from lightning_dprobust.models import AINGenerator
+from lightning_dprobust.robustness.ain_attack import AINAttack
 from lightning_dprobust.robustness.attacks import SmoothAdv
 from lightning_dprobust.robustness.multilabel import MultilabelFGSM
 from lightning_dprobust.robustness.separability import (
@@ -22,6 +24,13 @@ from lightning_dprobust.robustness.separability import (
 EPS = 0.1
 BATCH = 8
 INDICES = (0, 3, BATCH - 1)
+
+
+def _ain(model, random):
+    """An (untrained) AIN generator at bound EPS; ``random=False`` turns its noise injection off."""
+    generator = AINGenerator(10, (1, 8, 8), channels=(8, 8, 8, 8), noise_std=0.5 if random else 0.0)
+    generator.bound.fill_(EPS)
+    return AINAttack(model, generator, eps=EPS)
 
 
 def _cheap_autoattack(model):
@@ -45,6 +54,7 @@ ACCEPTED = {
     SmoothAdv: lambda m, random: SmoothAdv(m, eps=0.5, sigma=0.25 if random else 0.0, steps=3, num_noise=2),
     MultilabelFGSM: lambda m, random: MultilabelFGSM(m, eps=EPS),
     torchattacks.CW: lambda m, random: torchattacks.CW(m, c=1, steps=5, lr=0.5),
+    AINAttack: _ain,
 }
 PER_EXAMPLE = {
     torchattacks.APGD: lambda m, random: torchattacks.APGD(m, eps=EPS, steps=3),

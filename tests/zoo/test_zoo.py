@@ -276,6 +276,7 @@ def test_cache_and_url_come_from_the_environment(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------------------- the shipped weights
 EMBEDDED = ("digits", "mnist5k")
 SHIPPED_EMBEDDED = [entry for entry in zoo.list_entries() if entry.shipped and entry.meta["dataset"] in EMBEDDED]
+SHIPPED_ATTACKS = [entry for entry in SHIPPED_EMBEDDED if entry.kind == "attack"]
 
 
 def recipe_test_split(entry) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,7 +288,7 @@ def recipe_test_split(entry) -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels
 
 
-@pytest.mark.parametrize("entry", SHIPPED_EMBEDDED, ids=lambda entry: entry.name)
+@pytest.mark.parametrize("entry", [e for e in SHIPPED_EMBEDDED if e.kind != "attack"], ids=lambda entry: entry.name)
 def test_shipped_weights_reach_their_recorded_test_accuracy(entry, monkeypatch, tmp_path):
     monkeypatch.setenv("DPROBUST_HOME", str(tmp_path))
     model = zoo.load(entry.name)
@@ -304,6 +305,23 @@ def test_shipped_weights_reach_their_recorded_test_accuracy(entry, monkeypatch, 
     assert accuracy > 0.5, "an embedded-data model must beat chance (10%) by far"
 
 
+@pytest.mark.parametrize("entry", SHIPPED_ATTACKS, ids=lambda entry: entry.name)
+def test_shipped_attacks_reach_their_recorded_success_rates(entry, monkeypatch, tmp_path):
+    from lightning_dprobust.robustness.ain_attack import AINAttack, success_rate
+
+    monkeypatch.setenv("DPROBUST_HOME", str(tmp_path))
+    target = zoo.load(entry.meta["classifier"])
+    images, labels = recipe_test_split(entry)
+    attack = AINAttack(target, entry.name, eps=entry.meta["metrics"]["bound"], seed=0)
+    target_class = attack.target_class
+    assert target_class == entry.meta["robustness"]["target_class"]
+    for key, value in entry.meta["metrics"].items():
+        if key.startswith("success@"):
+            eps = float(key.split("@")[1])
+            adversarial = AINAttack(target, attack.ain, eps=eps, seed=0)(images, labels)
+            assert abs(success_rate(target, adversarial, labels, target_class) - value) <= 0.005
+
+
 def test_the_embedded_data_entries_are_shipped():
     assert {entry.tag for entry in SHIPPED_EMBEDDED} == {
         "erm_digits",
@@ -318,6 +336,8 @@ def test_the_embedded_data_entries_are_shipped():
         *(f"dpcert_mnist5k_eps{epsilon}_s025" for epsilon in (1, 3)),
         "transdenoiser_digits_eps1_s025",
         "transdenoiser_digits_eps3_s025",
+        "ain_digits_target8",
+        "ain_digits_untargeted",
         "rp1_en1_digits",
         "rp1_en5_digits",
         "rp2_en1_digits",

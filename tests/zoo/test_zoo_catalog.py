@@ -63,7 +63,7 @@ def test_the_catalog_has_the_planned_datasets_and_reads_through_the_api():
 def test_keys_name_and_status(name):
     entry = RAW[name]
     assert set(entry) - {"kind"} == REQUIRED
-    assert entry.get("kind", "classifier") in ("classifier", "denoiser")
+    assert entry.get("kind", "classifier") in ("classifier", "denoiser", "attack")
     assert entry["name"] == name
     arch, tag = re.fullmatch(r"([a-z0-9_]+)\.([a-z0-9_]+)", name).groups()
     assert arch in list_models() or is_timm_model(arch), f"{arch} is neither registered nor a timm architecture"
@@ -99,9 +99,9 @@ def test_num_params_and_preprocessing_match_the_built_model(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_kind_specific_meta(name):
     meta = RAW[name]["meta"]
-    if RAW[name].get("kind") == "denoiser":  # names the classifier it was trained for, an entry of this catalog
+    if RAW[name].get("kind") in ("denoiser", "attack"):  # names its classifier, an entry of this catalog
         assert meta["classifier"] in NAMES and RAW[meta["classifier"]].get("kind", "classifier") == "classifier"
-        assert meta["smoothing"] is not None
+        assert (meta["smoothing"] is not None) == (RAW[name]["kind"] == "denoiser")
     else:
         assert "classifier" not in meta
     if meta["smoothing"] is not None:
@@ -178,6 +178,8 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     init = config["model"]["init_args"]
     kwargs = entry["model"]["kwargs"]
     denoiser = entry.get("kind") == "denoiser"  # the model is TransDenoiser's denoiser, in front of meta.classifier
+    if entry.get("kind") == "attack":  # an AIN generator trained against meta.classifier
+        init, kwargs = _ain_view(init, kwargs, entry["meta"]["classifier"])
     if entry["model"]["name"] == "residual_perturbation":
         init, kwargs = _residual_perturbation_view(init, kwargs)
     if entry["model"]["name"] == "stobatch_cnn":
@@ -194,7 +196,8 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     data = _data_module(config)
     assert data.name == entry["meta"]["dataset"]
     assert (data.num_classes, list(data.input_shape)) == (kwargs["num_classes"], kwargs["input_shape"])
-    if not denoiser and entry["model"]["name"] != "stobatch_cnn":  # these two map [0, 1] themselves
+    maps_unit_interval = denoiser or entry.get("kind") == "attack" or entry["model"]["name"] == "stobatch_cnn"
+    if not maps_unit_interval:  # denoisers, AINs and StoBatch work on [0, 1] images themselves
         assert list(data.mean) == pytest.approx(kwargs["mean"]) and list(data.std) == pytest.approx(kwargs["std"])
     if entry["meta"]["privacy"] is None:
         assert config.get("dp") is None
@@ -203,6 +206,13 @@ def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
 def _stobatch_view(init: dict) -> dict:
     """``StoBatch`` always builds the registry's ``stobatch_cnn`` from its ``model_kwargs``."""
     return {"model": "stobatch_cnn", "model_kwargs": init.get("model_kwargs") or {}}
+
+
+def _ain_view(init: dict, kwargs: dict, classifier: str) -> tuple[dict, dict]:
+    """``AIN`` builds ``ain_generator`` from ``generator_kwargs`` and ``noise_std`` against ``target``."""
+    assert init["target"] == classifier
+    built = dict(init.get("generator_kwargs") or {}, noise_std=init.get("noise_std", 0.1))
+    return {"model": "ain_generator", "model_kwargs": built}, kwargs
 
 
 def _residual_perturbation_view(init: dict, kwargs: dict) -> tuple[dict, dict]:

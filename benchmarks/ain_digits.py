@@ -1,0 +1,198 @@
+"""AIN (Tang 2021, PhD thesis, chapter 5) on digits against the shipped non-private classifier mlp_tanh.erm_digits.
+
+For each seed (``--seeds``, default 0 1 2: AIN's and the classifiers' initialization, the attacks' random streams):
+
+1. trains a targeted (class 8) and an untargeted AIN with the settings of ``configs/ain/digits.yaml`` except, as for
+   the shipped zoo entries, plain exponential decay from 0.8 down to 0.1 (its rate set so that 0.1 is reached after
+   70% of ``--ain-epochs``), batch 32 and lr 2e-3;
+2. measures on the test split the attack success rate at Linf 0.1, 0.2, 0.3 of AIN, i-FGSM (BIM, 10 steps of
+   eps/10), PGD (10 steps, random start) and CW (torchattacks' L2 CW, 50 steps, its perturbation then clipped to the
+   Linf ball: CW has no Linf budget of its own). Targeted success: classified as 8 (examples of class 8 left out);
+   untargeted: misclassified;
+3. times every attack per example on the whole test split in one run (seed 0, eps 0.2), as a ratio to FGSM;
+4. adversarially trains mlp_tanh (the zoo classifier's architecture) on [clean ; adversarial] views
+   (``AdversarialAugmentation(mode="group")``) with the seed's untargeted AIN or with i-FGSM at eps 0.2, and
+   reports clean accuracy and accuracy under the untargeted AIN, i-FGSM and PGD at eps 0.2.
+
+Prints markdown tables of mean +- sample std over the seeds. Usage:
+``python benchmarks/ain_digits.py [--seeds 0 1 2] [--ain-epochs 20] [--save-runs FILE | --from-runs FILE ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+import warnings
+
+import lightning as L
+import torch
+import torchattacks
+from seeds import Sweep, add_seed_arguments, run_or_load
+
+from lightning_dprobust import zoo
+from lightning_dprobust.callbacks import AdversarialAugmentation
+from lightning_dprobust.data import DigitsDataModule
+from lightning_dprobust.methods import AIN, ClassifierModule
+from lightning_dprobust.robustness.ain_attack import AINAttack, success_rate
+from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
+from lightning_dprobust.robustness.reports import markdown_table
+
+TARGET, TARGET_CLASS, BOUNDS, TRAIN_EPS = "mlp_tanh.erm_digits", 8, (0.1, 0.2, 0.3), 0.2
+ATTACKS = ("AIN", "i-FGSM", "PGD", "CW")
+MODES = {"targeted": TARGET_CLASS, "untargeted": None}
+
+
+def _trainer(epochs: int, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **kwargs,
+    )
+
+
+def train_ain(seed: int, target_class: int | None, epochs: int) -> AIN:
+    """configs/ain/digits.yaml with plain exponential decay to 0.1, reached after 70% of the epochs."""
+    L.seed_everything(seed, verbose=False)
+    rate = math.log(0.1 / 0.8) / (0.7 * epochs)
+    module = AIN(
+        target=TARGET,
+        target_class=target_class,
+        num_classes=10,
+        input_shape=(1, 8, 8),
+        noise_seed=seed,
+        generator_kwargs={"channels": [8, 16, 16, 32]},
+        adaptive=False,
+        decay_rate=rate,
+        min_bound=0.1,
+        lr=2e-3,
+    )
+    _trainer(epochs).fit(module, DigitsDataModule(batch_size=32))
+    return module
+
+
+def _attack(name: str, model, eps: float, target_class: int | None, ain=None, seed: int = 0):
+    if name == "AIN":
+        return AINAttack(model, ain, eps, seed=seed)
+    if name == "CW":
+        attack = _LinfCW(torchattacks.CW(model, c=1.0, steps=50, lr=0.01), eps)
+    elif name == "FGSM":
+        attack = torchattacks.FGSM(model, eps=eps)
+    else:
+        attack = build_attack("BIM" if name == "i-FGSM" else "PGD", model, eps, steps=10)
+    target = attack.inner if isinstance(attack, _LinfCW) else attack
+    if target_class is not None:
+        target.set_mode_targeted_by_function(lambda x, y: torch.full_like(y, target_class), quiet=True)
+    return attack
+
+
+class _LinfCW(torchattacks.attack.Attack):
+    """CW-L2's examples with their perturbation clipped to the Linf ball of radius eps."""
+
+    def __init__(self, inner, eps: float) -> None:
+        super().__init__("LinfCW", inner.model)
+        self.inner, self.eps = inner, eps
+
+    def forward(self, images, labels):
+        adversarial = self.inner(images, labels)
+        return (images + (adversarial - images).clamp(-self.eps, self.eps)).clamp(0, 1)
+
+
+def attack_success(seed: int, epochs: int, target, x, y) -> tuple[dict[str, float], dict[str, AIN]]:
+    metrics, ains = {}, {}
+    for mode, target_class in MODES.items():
+        ains[mode] = train_ain(seed, target_class, epochs)
+        for eps in BOUNDS:
+            for name in ATTACKS:
+                torch.manual_seed(seed)
+                attack = _attack(name, target, eps, target_class, ains[mode].generator, seed)
+                metrics[f"{mode}/{name}/{eps}"] = success_rate(target, attack(x, y), y, target_class)
+        metrics[f"{mode}/ain_bound"] = ains[mode].bound
+    return metrics, ains
+
+
+def timing(target, x, y, ain) -> dict[str, float]:
+    """Seconds per example of each attack on the whole test split, one run each (untargeted, eps 0.2)."""
+    seconds = {}
+    for name in ("FGSM", *ATTACKS):
+        attack = _attack(name, target, TRAIN_EPS, None, ain)
+        start = time.perf_counter()
+        attack(x, y)
+        seconds[name] = (time.perf_counter() - start) / len(x)
+    return seconds
+
+
+def adversarial_training(seed: int, ain, x, y, epochs: int) -> dict[str, float]:
+    metrics = {}
+    for source in ("AIN", "i-FGSM"):
+        L.seed_everything(seed, verbose=False)
+        data = DigitsDataModule(batch_size=64)
+        module = ClassifierModule(
+            "mlp_tanh", model_kwargs={"hidden": 64}, mean=data.mean, std=data.std, optimizer="adam", lr=0.01
+        )
+        factory = (
+            (lambda m: AINAttack(m, ain, TRAIN_EPS, seed=seed))
+            if source == "AIN"
+            else (lambda m: build_attack("BIM", m, TRAIN_EPS, steps=10))
+        )
+        _trainer(epochs, callbacks=[AdversarialAugmentation(factory, mode="group", seed=seed)]).fit(module, data)
+        model = module.model.eval()
+        suite = {name: _attack(name, model, TRAIN_EPS, None, ain, seed) for name in ("AIN", "i-FGSM", "PGD")}
+        for name, value in robust_accuracy(model, (x, y), suite, seed=seed).items():
+            metrics[f"at/{source}/{name}"] = value
+    return metrics
+
+
+def run(seed: int, args: argparse.Namespace) -> dict[str, float]:
+    target = zoo.load(TARGET).requires_grad_(False)
+    data = DigitsDataModule()
+    data.setup("test")
+    x, y = data.test_set.tensors
+    metrics, ains = attack_success(seed, args.ain_epochs, target, x, y)
+    if seed == args.seeds[0]:
+        metrics |= {f"time/{name}": value for name, value in timing(target, x, y, ains["untargeted"].generator).items()}
+    return metrics | adversarial_training(seed, ains["untargeted"].generator, x, y, args.classifier_epochs)
+
+
+def report(result: Sweep) -> str:
+    tables = []
+    for mode in MODES:
+        rows = [[name, *(result.cell(f"{mode}/{name}/{eps}", 100) for eps in BOUNDS)] for name in ATTACKS]
+        header = ["attack", *(f"Linf {eps}" for eps in BOUNDS)]
+        tables.append(f"{mode} success rate (%), {result.note()}\n\n" + markdown_table(header, rows))
+    if "time/FGSM" in result.runs[0]:
+        fgsm = result.runs[0]["time/FGSM"]
+        rows = [
+            [name, f"{1e3 * result.runs[0][f'time/{name}']:.3f}", f"{result.runs[0][f'time/{name}'] / fgsm:.1f}"]
+            for name in ("FGSM", *ATTACKS)
+        ]
+        tables.append("time per example (one run)\n\n" + markdown_table(["attack", "ms", "x FGSM"], rows))
+    rows = [
+        [source, *(result.cell(f"at/{source}/{name}", 100) for name in ("clean", "AIN", "i-FGSM", "PGD"))]
+        for source in ("AIN", "i-FGSM")
+    ]
+    header = ["trained on", "clean", "AIN 0.2", "i-FGSM 0.2", "PGD 0.2"]
+    tables.append(f"adversarial training, accuracy (%), {result.note()}\n\n" + markdown_table(header, rows))
+    return "\n\n".join(tables)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_seed_arguments(parser)
+    parser.add_argument("--ain-epochs", type=int, default=20, help="AIN training epochs (default 20)")
+    parser.add_argument("--classifier-epochs", type=int, default=15, help="adversarial training epochs (default 15)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    print(report(run_or_load(lambda seed: run(seed, args), args, "AIN on digits")))
+
+
+if __name__ == "__main__":
+    main()

@@ -94,6 +94,8 @@ class EHRDataModule(L.LightningDataModule):
             raise ValueError(f"source={source!r} is not one of {SOURCES}: set --data.source to one of them")
         if source == "csv" and csv_path is None:
             raise ValueError("source='csv' needs the file: set --data.csv_path to a long-format CSV")
+        if features is not None and source != "csv":
+            raise ValueError(f"features orders a CSV's columns, but source={source!r} has fixed features: drop it")
         if num_steps < 1 or batch_size < 1 or eval_batch_size < 1:
             raise ValueError(
                 f"num_steps={num_steps}, batch_size={batch_size}, eval_batch_size={eval_batch_size}: each must be >= 1"

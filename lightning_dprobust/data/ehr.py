@@ -43,8 +43,10 @@ class EHRDataModule(L.LightningDataModule):
 
     Guarantees: the split is by patient (no patient in two splits), a deterministic function of ``seed``; every scaler
     (and the categories of CSV static columns) comes from the training split alone, so validation and test records
-    never change the training tensors or the schema. The scalers are not differentially private: pass public
-    ``ranges`` to keep the training set's extremes out of anything released with the schema.
+    never change the training tensors or the schema. Those statistics are not differentially private: pass public
+    ``ranges`` (and, for a CSV, public ``categories``) to keep the training set's extremes and rare categories out
+    of anything released with the schema; with a public range for every scaled feature and public categories, the
+    schema does not depend on the data at all.
 
     Args:
         source: one of ``"synthetic"``, ``"csv"``, ``"mimic_iv_ed"``.
@@ -56,6 +58,8 @@ class EHRDataModule(L.LightningDataModule):
         synthetic_seed: seed of the synthetic generator (fixed, so every training seed sees the same data).
         ranges: public ``(low, high)`` by feature name replacing the training min/max (``"time_increment"``,
             ``"age"``, ...).
+        categories: public categories of the CSV's discrete static columns, by column (default: those seen in the
+            training split).
         val_fraction: fraction of the records (whole patients) held out for validation.
         test_fraction: fraction of the records (whole patients) held out for testing.
         batch_size: training batch size (with ``DPCallback``: the expected Poisson batch size).
@@ -82,6 +86,7 @@ class EHRDataModule(L.LightningDataModule):
         num_records: int = 2000,
         synthetic_seed: int = 0,
         ranges: Mapping[str, tuple[float, float]] | None = None,
+        categories: Mapping[str, list[str]] | None = None,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         batch_size: int = 64,
@@ -106,6 +111,7 @@ class EHRDataModule(L.LightningDataModule):
         self.data_dir = resolve_data_dir(data_dir, "mimic_iv_ed")
         self.num_records, self.synthetic_seed = num_records, synthetic_seed
         self.ranges = dict(ranges or {})
+        self.categories = dict(categories or {})
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.batch_size, self.eval_batch_size, self.num_workers, self.seed = (
             batch_size,
@@ -157,7 +163,11 @@ class EHRDataModule(L.LightningDataModule):
             records, continuous = read_mimic_iv_ed(self.data_dir)
             return records, MEDICAL, continuous, dict(STATIC_CATEGORICAL)
         table = read_long_csv(self.csv_path, self.features)
-        return table.records, table.medical, table.continuous, {name: None for name in table.categorical}
+        unknown = sorted(set(self.categories) - set(table.categorical))
+        if unknown:
+            raise ValueError(f"categories for {unknown}: not a discrete static column of {self.csv_path}")
+        categorical = {name: self.categories.get(name) for name in table.categorical}
+        return table.records, table.medical, table.continuous, categorical
 
     @override
     def train_dataloader(self) -> DataLoader:

@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from lightning_dprobust.data.base import resolve_data_dir
 from lightning_dprobust.data.ehr_csv import read_long_csv
-from lightning_dprobust.data.ehr_mimic import read_mimic_iv_ed
+from lightning_dprobust.data.ehr_mimic import VITALS, read_mimic_iv_ed
 from lightning_dprobust.data.ehr_records import RawRecord, encode, fit_schema
 from lightning_dprobust.data.ehr_schema import EHRSchema
 from lightning_dprobust.data.ehr_synthetic import GENDERS, MEDICAL, RACES, synthetic_records
@@ -99,8 +99,10 @@ class EHRDataModule(L.LightningDataModule):
             raise ValueError(f"source={source!r} is not one of {SOURCES}: set --data.source to one of them")
         if source == "csv" and csv_path is None:
             raise ValueError("source='csv' needs the file: set --data.csv_path to a long-format CSV")
-        if features is not None and source != "csv":
-            raise ValueError(f"features orders a CSV's columns, but source={source!r} has fixed features: drop it")
+        if (features is not None or categories) and source != "csv":
+            raise ValueError(
+                f"features and categories describe a CSV's columns, but source={source!r} has fixed ones: drop them"
+            )
         if num_steps < 1 or batch_size < 1 or eval_batch_size < 1:
             raise ValueError(
                 f"num_steps={num_steps}, batch_size={batch_size}, eval_batch_size={eval_batch_size}: each must be >= 1"
@@ -113,12 +115,8 @@ class EHRDataModule(L.LightningDataModule):
         self.ranges = dict(ranges or {})
         self.categories = dict(categories or {})
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
-        self.batch_size, self.eval_batch_size, self.num_workers, self.seed = (
-            batch_size,
-            eval_batch_size,
-            num_workers,
-            seed,
-        )
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.seed = num_workers, seed
         self.records: dict[str, list[RawRecord]] = {}
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
@@ -161,7 +159,7 @@ class EHRDataModule(L.LightningDataModule):
             return records, MEDICAL, STATIC_CONTINUOUS, dict(STATIC_CATEGORICAL)
         if self.source == "mimic_iv_ed":
             records, continuous = read_mimic_iv_ed(self.data_dir)
-            return records, MEDICAL, continuous, dict(STATIC_CATEGORICAL)
+            return records, VITALS, continuous, dict(STATIC_CATEGORICAL)
         table = read_long_csv(self.csv_path, self.features)
         unknown = sorted(set(self.categories) - set(table.categorical))
         if unknown:

@@ -115,7 +115,8 @@ def test_generator_is_seeded():
     [
         ({"source": "fhir"}, "source='fhir' is not one of"),
         ({"source": "csv"}, "set --data.csv_path"),
-        ({"features": ["hr"]}, "has fixed features"),
+        ({"features": ["hr"]}, "has fixed ones"),
+        ({"categories": {"race": ["a"]}}, "has fixed ones"),
         ({"num_steps": 0}, "num_steps=0"),
         ({"val_fraction": 1.5}, "val_fraction must lie in"),
     ],

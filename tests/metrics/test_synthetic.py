@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from lightning_dprobust.data.ehr import EHRDataModule
+from lightning_dprobust.data.ehr_records import encode
+from lightning_dprobust.data.ehr_synthetic import synthetic_records
 from lightning_dprobust.metrics.synthetic import (
     cluster_similarity,
     match_centres,
@@ -19,6 +21,7 @@ from lightning_dprobust.metrics.synthetic import (
     pca_projection,
     similarity_report,
 )
+from lightning_dprobust.metrics.synthetic_metric import SyntheticSimilarity
 from lightning_dprobust.metrics.synthetic_plots import log_synthetic_evaluation, write_synthetic_plots
 from tests.helpers import read_wandb_history
 
@@ -83,6 +86,17 @@ def test_cosine_is_the_mean_over_pairs():
     real, synthetic = np.array([[1.0, 0.0], [0.0, 3.0]]), np.array([[1.0, 1.0], [0.0, 2.0]])
     result = match_centres(real, synthetic)
     assert result.cosine == pytest.approx((np.sqrt(0.5) + 1.0) / 2)
+    around = match_centres(real, synthetic, origin=np.array([1.0, 1.0]))  # (0, -1) vs (0, 0); (-1, 2) vs (-1, 1)
+    assert around.cosine == pytest.approx((0.0 + 3 / np.sqrt(10)) / 2)
+
+
+def test_centred_cosine_sees_a_shift_that_the_positive_orthant_hides():
+    rng = np.random.default_rng(2)
+    offsets = np.repeat([[0.2, 0, 0, 0], [0, 0.2, 0, 0], [-0.2, -0.2, 0, 0]], 40, axis=0)
+    real = 0.5 + 0.03 * rng.normal(size=(120, 4)) + offsets
+    shifted = real + 0.15
+    assert cluster_similarity(real, shifted, centred=False).cosine > 0.99  # seen from 0, everything looks alike
+    assert cluster_similarity(real, shifted).cosine < 0.8
 
 
 def test_bad_arguments_are_refused():
@@ -133,3 +147,33 @@ def test_plots_are_written_and_logged_to_wandb(ehr, tmp_path):
     assert all("image" in logged[f"synthetic/{name}/_type"] for name in images)
     with pytest.raises(ValueError, match="one name per feature"):
         write_synthetic_plots(ehr, noisy, tmp_path, feature_names=["time"])
+
+
+def test_a_fresh_draw_of_the_generator_beats_shuffled_marginals():
+    datamodule = EHRDataModule(num_records=400)
+    datamodule.setup()
+    real = datamodule.test_set.tensors
+    fresh = encode(synthetic_records(len(real[0]), seed=99), datamodule.schema)
+    x, m = (tensor[: len(real[0])] for tensor in datamodule.train_set.tensors)
+    order = torch.argsort(torch.rand(x.shape, generator=torch.Generator().manual_seed(0)), dim=0)
+    shuffled = torch.gather(x, 0, order), torch.gather(m, 0, order)  # marginals kept, records torn apart
+    good, bad = similarity_report(real, fresh), similarity_report(real, shuffled)
+    assert good["synthetic/minkowski"] < bad["synthetic/minkowski"]
+    assert good["synthetic/cosine"] > bad["synthetic/cosine"]
+    assert good["synthetic/missing_wasserstein"] < bad["synthetic/missing_wasserstein"]
+
+
+def test_the_metric_accumulates_batches_like_one_report(ehr):
+    x, m = ehr
+    noisy = (x * 0.8, m)
+    metric = SyntheticSimilarity(p=1.0)
+    for start in range(0, len(x), 64):
+        batch = slice(start, start + 64)
+        metric.update(x[batch], m[batch], noisy[0][batch], noisy[1][batch])
+    expected = similarity_report(ehr, noisy, p=1.0)
+    computed = metric.compute()
+    assert set(computed) == set(expected)
+    for key, value in expected.items():
+        assert float(computed[key]) == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    with pytest.raises(ValueError, match="x and m must match"):
+        metric.update(x[:2], m[:2, :50], x[:2], m[:2])

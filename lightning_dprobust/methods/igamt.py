@@ -253,7 +253,8 @@ class IGAMT(GenerativeDPModule):
                 "imitator", self._imitator_closure(x, m, s_pub, start_x_pub, start_m_pub)
             )
         logs["generator"] = self.component_step("generator", lambda: self.generator_loss(s_pub))
-        self.log_dict({f"train/{k}_loss": v for k, v in logs.items()}, on_step=False, on_epoch=True)
+        finite = {f"train/{k}_loss": v for k, v in logs.items() if torch.isfinite(v)}  # an empty Poisson batch: NaN
+        self.log_dict(finite, on_step=False, on_epoch=True)
         return logs
 
     @torch.no_grad()

@@ -116,6 +116,18 @@ def test_sigma_zero_and_huge_clip_equal_the_non_dp_path(strict_dp):
     assert not torch.allclose(flat(noisy), flat(plain), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("strict_dp", [True, False])
+def test_an_empty_poisson_batch_still_releases_noise_and_is_accounted(strict_dp):
+    module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=strict_dp))
+    before = {name: flat(part) for name, part in (("critics", module.critic_x), ("last", module.decoder.last))}
+    x, m = ehr_batch()
+    module.train_iteration(x[:0], m[:0], 0)
+    module.record_iteration()
+    assert module.ledger.steps + module._nominal_ledger.steps == 1
+    for name, part in (("critics", module.critic_x), ("last", module.decoder.last)):
+        assert torch.isfinite(flat(part)).all() and not torch.equal(before[name], flat(part))
+
+
 def test_critic_schedule():
     module = ready(small(critic_freq_base=3, critic_freq_hit=2, noise_multiplier=None))
     assert [module.critics_scheduled(t) for t in range(7)] == [t % 3 < 2 for t in range(7)]

@@ -217,3 +217,18 @@ def test_bad_batches_are_refused_in_one_line():
         with pytest.raises(ValueError, match="IGAMT") as error:
             module.training_step(batch, 0)
         assert "\n" not in str(error.value)
+
+
+def test_a_resumed_fit_reports_the_epsilon_of_an_unbroken_one(tmp_path):
+    unbroken = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    quiet_trainer(tmp_path / "a", max_epochs=2).fit(unbroken, EHRData(n=16, batch_size=8))
+    first = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    trainer = quiet_trainer(tmp_path / "b", max_epochs=1)
+    trainer.fit(first, EHRData(n=16, batch_size=8))
+    trainer.save_checkpoint(tmp_path / "one.ckpt")
+    resumed = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    quiet_trainer(tmp_path / "c", max_epochs=2).fit(
+        resumed, EHRData(n=16, batch_size=8), ckpt_path=tmp_path / "one.ckpt"
+    )
+    assert resumed.iteration == unbroken.iteration == 4
+    assert resumed.ledger.history == unbroken.ledger.history and resumed.epsilon() == unbroken.epsilon()

@@ -49,7 +49,9 @@ class IGAMT(GenerativeDPModule):
     Training (thesis Algorithm 1, EDGAMT base): per batch, when ``t % critic_freq_base < critic_freq_hit`` the
     critics D_x, D_z, D_m take one WGAN-GP step (Eqs 4.1, 4.2, ``l_dm``); then Enc (Eq 4.4), Dec (Eq 4.3 + ``D_m``
     terms), the imitator Dec_i (Eq 4.5; its optimizer excludes Dec's shared last layer) and G (Eq 4.6). Learning rates
-    ``lr`` (Enc, Dec, Dec_i, G) and ``critic_lr``, decayed by ``lr_decay`` (0.99) per epoch; Adam throughout.
+    ``lr`` (Enc, Dec, Dec_i, G) and ``critic_lr``, decayed by ``lr_decay`` (0.99) per epoch; Adam throughout. The
+    critics take one step on the sum of their losses (Eq 4.1's ``3 D_x(x m)`` form), where the authors' code steps D_x
+    once per fake source; the code's generator gating (``gen_freq_*``) is not reproduced.
 
     Privacy (``noise_multiplier`` not ``None``), through :class:`GenerativeDPModule`:
 

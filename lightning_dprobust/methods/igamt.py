@@ -274,11 +274,11 @@ class IGAMT(GenerativeDPModule):
         with torch.no_grad():
             z_syn = self.generator(s)
             x_syn, m_syn = self.synthesize_with(self.decoder.body, z_syn, start_x, start_m, x.shape[1] - 1)
-            k = min(len(x), len(s))  # the thesis's real-data targets pair real example i with draw i
+            k = 0 if self.hparams.strict_dp else min(len(x), len(s))  # the thesis pairs real example i with draw i
             x_hat, m_hat = self.reconstruct(x[:k], m[:k], self.encoder(x[:k], m[:k])) if k else (x[:0], m[:0])
 
         def loss() -> Tensor:
-            if self.hparams.strict_dp or k == 0:
+            if k == 0:  # strict_dp, or an empty batch
                 return self.imitator_loss(z_syn, start_x, start_m, x_syn, m_syn)
             real_targets = [(x_hat * m_hat)[:, 1:], (x[:k] * m[:k])[:, 1:]]
             return self.imitator_loss(z_syn[:k], start_x[:k], start_m[:k], x_syn[:k], m_syn[:k], real_targets)

@@ -302,7 +302,9 @@ class IGAMT(GenerativeDPModule):
         return release.to(self.device)
 
     @torch.no_grad()
-    def synthesize(self, n: int, steps: int | None = None, generator: torch.Generator | None = None):
+    def synthesize(
+        self, n: int, steps: int | None = None, generator: torch.Generator | None = None, mask: str = "bernoulli"
+    ) -> tuple[Tensor, Tensor]:
         """``n`` records from the module itself (same draws and order as :meth:`ReleasedSynthesizer.sample`)."""
         hp = self.hparams
         steps = hp.max_steps if steps is None else steps
@@ -310,7 +312,8 @@ class IGAMT(GenerativeDPModule):
         start_x, start_m = sample_start(n, hp.num_features, hp.static_continuous, self.static_groups, generator)
         body = self.imitator if self.imitator is not None else self.decoder.body
         z = self.generator(noise)
-        return assemble(*self.synthesize_with(body, z, start_x.to(self.device), start_m.to(self.device), steps))
+        x, m = self.synthesize_with(body, z, start_x.to(self.device), start_m.to(self.device), steps)
+        return assemble(x, m, generator, mask)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -46,12 +47,16 @@ from lightning_dprobust.callbacks.dp_checks import check_trainer
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import resolve_delta
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
-from lightning_dprobust.core.accounting import ACCOUNTANTS, PrivacyLedger, epsilon_for
+from lightning_dprobust.core.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
 from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like
 
 CLIP_MODES = ("per_example", "batch")
 NOMINAL_SOURCE = "generative.nominal_accounting"
 NOMINAL_WARNING = "nominal: NOT a differential-privacy guarantee"
+
+
+class PrivateStepBypassed(RuntimeError):
+    """A private component's optimizer was stepped with a gradient its DP release did not produce."""
 
 
 class GenerativeDPModule(L.LightningModule):
@@ -66,7 +71,7 @@ class GenerativeDPModule(L.LightningModule):
         max_grad_norm: the clipping bound ``C``.
         clip_mode: ``"per_example"`` (DP-SGD, the default) or ``"batch"`` (the thesis; nominal epsilon only).
         delta: the delta of the guarantee; default ``1 / (10 n)`` rounded down to a power of ten.
-        accountant: ``"pld"``, ``"rdp"``, ``"prv"`` or ``"gdp"`` (see ``core/accounting.py``).
+        accountant: ``"pld"`` (default, as ``DPCallback``), ``"rdp"``, ``"prv"`` or ``"gdp"`` (``core/accounting.py``).
         sample_rate: Poisson inclusion probability; default ``batch_size * world_size / n``.
         dp_seed: fix the masks and the noise (reproducibility mode, warned); ``None`` draws a secret root per fit.
         max_physical_batch_size: per-example gradient chunk size (memory bound).
@@ -79,7 +84,7 @@ class GenerativeDPModule(L.LightningModule):
         max_grad_norm: float = 1.0,
         clip_mode: str = "per_example",
         delta: float | None = None,
-        accountant: str = "rdp",
+        accountant: str = DEFAULT_ACCOUNTANT,
         sample_rate: float | None = None,
         dp_seed: int | None = None,
         max_physical_batch_size: int | None = None,
@@ -101,8 +106,9 @@ class GenerativeDPModule(L.LightningModule):
         self._releases = 0
         self.randomness = DPRandomness(dp_seed)
         self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=True)
-        self._clippers: dict[str, PerExampleClipper] = {}
+        self._clippers: dict[tuple[str, str], PerExampleClipper] = {}
         self._raw_optimizers: list[torch.optim.Optimizer] | None = None
+        self._pending: tuple[str, dict[str, Tensor]] | None = None
 
     # ------------------------------------------------------------------------------------------- subclass API
     def component_modules(self) -> Mapping[str, Sequence[nn.Module]]:
@@ -147,13 +153,29 @@ class GenerativeDPModule(L.LightningModule):
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         """One Adam per component (``learning_rates``), in :meth:`component_modules` order."""
-        rates = self.learning_rates()
-        optimizers = [
-            torch.optim.Adam(list(params.values()), lr=rates[name], betas=(0.5, 0.9))
-            for name, params in self.component_parameters().items()
-        ]
+        rates, private = self.learning_rates(), self.private_components() if self.dp_enabled else frozenset()
+        optimizers = []
+        for name, params in self.component_parameters().items():
+            optimizer = torch.optim.Adam(list(params.values()), lr=rates[name], betas=(0.5, 0.9))
+            if name in private:
+                optimizer.register_step_pre_hook(partial(self._verify_private_step, name))
+            optimizers.append(optimizer)
         self._raw_optimizers = optimizers
         return optimizers
+
+    def _verify_private_step(self, component: str, *_: Any) -> None:
+        """Contract 10: a private component's optimizer applies exactly the gradient :meth:`component_step` made."""
+        expected, self._pending = self._pending, None
+        params = self.component_parameters()[component]
+        if (
+            expected is None
+            or expected[0] != component
+            or any(p.grad is None or not torch.equal(p.grad, expected[1][name]) for name, p in params.items())
+        ):
+            raise PrivateStepBypassed(
+                f"the optimizer of the private component {component!r} was about to apply a gradient that "
+                "component_step did not produce; update private components only through component_step"
+            )
 
     def _optimizer(self, component: str) -> Any:
         index = list(self.component_modules()).index(component)
@@ -185,7 +207,9 @@ class GenerativeDPModule(L.LightningModule):
         optimizer = self._optimizer(component)
         for name, p in params.items():
             p.grad = grads[name]
+        self._pending = (component, grads)
         optimizer.step()
+        self._pending = None
         optimizer.zero_grad(set_to_none=True)
         return value.detach()
 
@@ -202,7 +226,7 @@ class GenerativeDPModule(L.LightningModule):
             mean = _all_reduce(_gradients(losses.mean(), params), mean=True)
             grads, scale = _clip_total(mean, self.max_grad_norm), 1.0
         else:
-            clipper = self._clippers.get(component) or self._build_clipper(component, loss, params)
+            clipper = self._clippers.get((component, loss)) or self._build_clipper(component, loss, params)
             clipped = clipper(batch)
             grads, losses = _all_reduce(clipped.grads, mean=False), clipped.losses
             scale = 1.0 / (self.loaders.sample_rate * self.loaders.num_examples)
@@ -214,7 +238,7 @@ class GenerativeDPModule(L.LightningModule):
         clipper = PerExampleClipper(
             self, loss, self.max_grad_norm, self.max_physical_batch_size, parameter_names=tuple(params)
         )
-        self._clippers[component] = clipper
+        self._clippers[component, loss] = clipper
         return clipper
 
     def _noise(self, grads: Mapping[str, Tensor]) -> dict[str, Tensor]:

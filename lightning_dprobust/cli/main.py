@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "attack": ("lightning_dprobust.cli.attack", "attack_command"),
     "audit": ("lightning_dprobust.cli.audit", "audit_command"),
     "zoo": ("lightning_dprobust.cli.zoo", "zoo_command"),
+    "synthesize": ("lightning_dprobust.cli.synthesize", "synthesize_command"),
 }
 """``dprobust`` subcommands outside LightningCLI (the rest go to ``fit|validate|test``): module and function, each
 function taking the arguments after the name. Imported on use, so ``dprobust fit`` does not load the evaluation
@@ -61,6 +62,7 @@ subcommands:
   attack     clean and robust accuracy under adversarial attacks
   audit      membership-inference attacks on a checkpoint, or a one-run canary audit of a training config
   zoo        list, download, inspect and build the pretrained checkpoints
+  synthesize synthetic EHRs from an IGAMT checkpoint, as a long-format CSV
 
 Run `dprobust SUBCOMMAND --help` for its flags."""
 """``dprobust --help``: every subcommand (LightningCLI's own help would list only fit/validate/test)."""

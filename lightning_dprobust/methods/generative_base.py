@@ -24,8 +24,9 @@ checkpointed, so a resumed run reports the epsilon of an unbroken one.
 ``clip_mode="batch"`` reproduces the thesis and its code (pyvacy with one micro-batch): the batch-mean gradient is
 clipped to ``C`` and ``N(0, (noise_multiplier C)^2)`` is added. One example then moves the clipped mean by up to
 ``2 C``, so no DP guarantee follows; the epsilon the thesis would claim (the accountant at ``noise_multiplier``, one
-event per iteration) is recorded as **nominal** (``privacy/nominal_epsilon``), never as a guarantee. A subclass whose choice of private components leaves a leak says so through :meth:`nominal_reason`
-and gets the same treatment.
+event per iteration) is recorded as **nominal** (``privacy/nominal_epsilon``), never as a guarantee. A subclass
+whose choice of private components leaves a leak says so through :meth:`nominal_reason` and gets the same
+treatment.
 """
 
 from __future__ import annotations

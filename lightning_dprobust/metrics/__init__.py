@@ -1,4 +1,5 @@
-"""torchmetrics metrics: certified accuracy, average certified radius, robust accuracy, calibration error."""
+"""torchmetrics metrics: certified accuracy, average certified radius, robust accuracy, calibration error; and the
+similarity of synthetic to real EHRs."""
 
 from lightning_dprobust.metrics.calibration import PaperCalibrationError
 from lightning_dprobust.metrics.certified import (
@@ -8,13 +9,17 @@ from lightning_dprobust.metrics.certified import (
     certified_accuracy,
 )
 from lightning_dprobust.metrics.robust import RobustAccuracy, robust_accuracy
+from lightning_dprobust.metrics.synthetic import ClusterSimilarity, cluster_similarity, similarity_report
 
 __all__ = [
     "AverageCertifiedRadius",
     "CertifiedAccuracy",
+    "ClusterSimilarity",
     "PaperCalibrationError",
     "RobustAccuracy",
     "average_certified_radius",
     "certified_accuracy",
+    "cluster_similarity",
     "robust_accuracy",
+    "similarity_report",
 ]

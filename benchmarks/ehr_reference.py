@@ -1,0 +1,79 @@
+"""Reference points of the synthetic-EHR metrics on the embedded synthetic EHR set: what a perfect synthesizer and
+what structure-free ones score, so a trained generator's numbers can be read on the same scale.
+
+The real set is the test split (200 records) of ``EHRDataModule()`` (2,000 records, split seed 0). Each row is a
+set of 200 records scored against it with ``similarity_report`` (k-means with 3 clusters, Hungarian pairing, p = 2,
+features #0, #4, #7); per seed both the candidate set and the k-means seed change:
+
+* ``oracle``: fresh records of the same generator (seed ``1000 + seed``), preprocessed with the same schema;
+* ``no_structure``: fresh records of a generator without static effects, trend and seasonal components;
+* ``shuffled_marginals``: training records whose every (step, feature) cell is permuted across records, so each
+  marginal is kept and every within-record dependence is destroyed;
+* ``train_split``: 200 real training records (a generator that memorized its training data would score like this).
+
+Usage: ``python benchmarks/ehr_reference.py [--seeds 0 1 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import torch
+from seeds import DEFAULT_SEEDS, Sweep, sweep
+
+from lightning_dprobust.data.ehr import EHRDataModule
+from lightning_dprobust.data.ehr_records import encode
+from lightning_dprobust.data.ehr_synthetic import STRUCTURE, synthetic_records
+from lightning_dprobust.metrics.synthetic import similarity_report
+
+ROWS = ("oracle", "no_structure", "shuffled_marginals", "train_split")
+COLUMNS = (
+    "synthetic/minkowski",
+    "synthetic/cosine",
+    "synthetic/feature_0/minkowski",
+    "synthetic/feature_4/minkowski",
+    "synthetic/feature_7/minkowski",
+    "synthetic/missing_wasserstein",
+    "synthetic/increment_wasserstein",
+)
+FLAT = replace(STRUCTURE, **{name: (0.0,) * 8 for name in ("age", "gender", "trend", "daily", "yearly")})
+FLAT = replace(FLAT, race=((0.0, 0.0, 0.0),) * 8)
+
+
+def candidate(row: str, datamodule: EHRDataModule, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``n`` records of ``row`` as preprocessed ``(x, m)``."""
+    if row in ("oracle", "no_structure"):
+        structure = STRUCTURE if row == "oracle" else FLAT
+        return encode(synthetic_records(n, seed=1000 + seed, structure=structure), datamodule.schema)
+    x, m = (tensor[:n].clone() for tensor in datamodule.train_set.tensors)
+    if row == "shuffled_marginals":
+        generator = torch.Generator().manual_seed(seed)
+        order = torch.argsort(torch.rand(x.shape, generator=generator), dim=0)
+        x, m = torch.gather(x, 0, order), torch.gather(m, 0, order)
+    return x, m
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), help="seeds (default: 0 1 2)")
+    args = parser.parse_args()
+    datamodule = EHRDataModule()
+    datamodule.setup()
+    real = datamodule.test_set.tensors
+    results: dict[str, Sweep] = {}
+    for row in ROWS:
+
+        def run(seed: int, row: str = row) -> dict[str, float]:
+            return similarity_report(real, candidate(row, datamodule, len(real[0]), seed), seed=seed)
+
+        results[row] = sweep(run, args.seeds, row)
+    print("| set | " + " | ".join(key.removeprefix("synthetic/") for key in COLUMNS) + " |")
+    print("|---" * (len(COLUMNS) + 1) + "|")
+    for row, result in results.items():
+        print(f"| {row} | " + " | ".join(result.cell(key, digits=3) for key in COLUMNS) + " |")
+    print(f"\n{next(iter(results.values())).note()}; real set: {len(real[0])} test records")
+
+
+if __name__ == "__main__":
+    main()

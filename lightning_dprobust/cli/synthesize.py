@@ -1,0 +1,149 @@
+"""``dprobust synthesize``: synthetic EHRs from an IGAMT checkpoint or released artifact, as a long-format CSV.
+
+Only the released artifact is used (:meth:`~lightning_dprobust.methods.igamt.IGAMT.release`: G, Dec_i, Dec.last),
+so the output is post-processing of the trained generator. The CSV has one row per observed temporal value:
+``patient, time, feature, value`` followed by one column per static feature (repeated on each of the patient's
+rows). ``time`` is the running sum of the generated time increments. When the checkpoint carries the data schema
+(feature names and train-set scalers, stored by ``fit`` from the EHR data module), values and times are in raw units;
+otherwise they stay in the scaled units ``[0, 1]`` and the command says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_dprobust.cli.args import CommandParser, require
+from lightning_dprobust.models.ehr_release import FORMAT, ReleasedSynthesizer
+
+SCALED_NOTE = "values and times are in scaled units [0, 1]: the checkpoint carries no data schema to undo the scaling"
+
+
+def _parser() -> CommandParser:
+    parser = CommandParser(
+        prog="dprobust synthesize", description="Synthetic EHRs from an IGAMT checkpoint or release, as a CSV."
+    )
+    add = parser.add_argument
+    add("--ckpt", required=True, help="an IGAMT .ckpt (from dprobust fit) or a release file (ReleasedSynthesizer)")
+    add("--n", type=int, default=1000, help="number of synthetic patients (default: 1000)")
+    add("--out", required=True, help="the CSV file to write")
+    add("--steps", type=int, default=None, help="temporal steps per patient (default: the model's max_steps)")
+    add("--seed", type=int, default=None, help="seed of the synthesis draws (default: fresh entropy)")
+    add("--batch_size", type=int, default=256, help="patients synthesized at once (default: 256)")
+    return parser
+
+
+def load_release(path: str | Path) -> ReleasedSynthesizer:
+    """The released artifact of an IGAMT checkpoint (or a release file); read with ``weights_only=True``."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--ckpt {path} does not exist")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(saved, dict) and saved.get("format") == FORMAT:
+        return ReleasedSynthesizer.load(path)
+    hparams = saved.get("hyper_parameters") if isinstance(saved, dict) else None
+    if not isinstance(hparams, dict) or "static_groups" not in hparams or "variant" not in hparams:
+        raise ValueError(f"{path} is neither an IGAMT checkpoint nor an EHR synthesizer release")
+    from lightning_dprobust.methods.igamt import IGAMT
+
+    module = IGAMT(**hparams)
+    module.load_state_dict(saved["state_dict"])
+    module.ehr_schema = saved.get("ehr_schema")
+    return module.release()
+
+
+def synthesize_command(argv: Sequence[str]) -> None:
+    """``dprobust synthesize --ckpt ... --n 1000 --out file.csv``."""
+    args = _parser().parse_args(argv)
+    require(args.n >= 1, "--n", args.n, "an integer >= 1")
+    require(args.batch_size >= 1, "--batch_size", args.batch_size, "an integer >= 1")
+    release = load_release(args.ckpt)
+    steps = args.steps or release.config["max_steps"]
+    require(1 <= steps <= release.config["max_steps"], "--steps", steps, f"in 1..{release.config['max_steps']}")
+    generator = torch.Generator()
+    if args.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(args.seed)
+    parts = [
+        release.sample(min(args.batch_size, args.n - i), steps, generator) for i in range(0, args.n, args.batch_size)
+    ]
+    x, m = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    rows = write_long_csv(x, m, release, Path(args.out))
+    print(f"wrote {args.n} synthetic patients ({rows} observed values) to {args.out}")
+    if release.schema is None:
+        print(f"note: {SCALED_NOTE}")
+
+
+def write_long_csv(x: torch.Tensor, m: torch.Tensor, release: ReleasedSynthesizer, path: Path) -> int:
+    """Write ``(x, m)`` ``[n, 1 + T, F]`` in the long format; returns the number of value rows."""
+    layout = _Layout(release)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(["patient", "time", "feature", "value", *layout.static_names])
+        for patient in range(x.shape[0]):
+            static = layout.static_values(x[patient, 0])
+            times = layout.times(x[patient, 1:, 0], m[patient, 1:, 0])
+            for step, feature in (m[patient, 1:, 1:] > 0.5).nonzero().tolist():
+                value = layout.value(feature + 1, float(x[patient, step + 1, feature + 1]))
+                writer.writerow(
+                    [patient, f"{times[step]:.6g}", layout.feature_names[feature + 1], f"{value:.6g}", *static]
+                )
+                count += 1
+    return count
+
+
+class _Layout:
+    """Names and inverse scaling from the release's schema (plain data), or generic names in scaled units."""
+
+    def __init__(self, release: ReleasedSynthesizer) -> None:
+        config, schema = release.config, release.schema
+        self.schema = schema
+        if schema is not None:
+            self.feature_names = list(schema["feature_names"])
+            self.fields = [dict(field) for field in schema["static"]]
+        else:
+            self.feature_names = ["time_increment"] + [f"feature_{j}" for j in range(1, config["num_features"])]
+            self.fields = _generic_fields(config["static_continuous"], config["static_groups"])
+        self.static_names = [field["name"] for field in self.fields]
+
+    def static_values(self, start: torch.Tensor) -> list[Any]:
+        values: list[Any] = []
+        for field in self.fields:
+            categories = field.get("categories") or ()
+            if categories:
+                slots = start[field["start"] : field["start"] + len(categories)]
+                values.append(categories[int(slots.argmax())])
+            else:
+                raw = float(start[field["start"]])
+                values.append(f"{field['low'] + raw * (field['high'] - field['low']):.6g}")
+        return values
+
+    def times(self, increments: torch.Tensor, observed: torch.Tensor) -> list[float]:
+        """Running sum of the observed increments (a missing increment counts as 0)."""
+        raw = [self.value(0, float(v)) if o > 0.5 else 0.0 for v, o in zip(increments, observed, strict=True)]
+        return torch.cumsum(torch.tensor(raw, dtype=torch.float64), 0).tolist()
+
+    def value(self, feature: int, scaled: float) -> float:
+        if self.schema is None or not math.isfinite(scaled):
+            return scaled
+        low, high = self.schema["temporal_low"][feature], self.schema["temporal_high"][feature]
+        return low + scaled * (high - low)
+
+
+def _generic_fields(continuous: int, groups: Sequence[int]) -> list[dict[str, Any]]:
+    fields: list[dict[str, Any]] = [
+        {"name": f"static_{j}", "start": j, "categories": (), "low": 0.0, "high": 1.0} for j in range(continuous)
+    ]
+    start = continuous
+    for g, width in enumerate(groups):
+        categories = tuple(f"category_{c}" for c in range(width))
+        fields.append({"name": f"static_group_{g}", "start": start, "categories": categories})
+        start += width
+    return fields

@@ -1,0 +1,99 @@
+"""``dprobust synthesize``: a long-format CSV from an IGAMT checkpoint's released artifact, raw units with a schema."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from lightning_dprobust.cli.main import main
+from lightning_dprobust.cli.synthesize import SCALED_NOTE, load_release
+from tests.helpers import quiet_trainer
+from tests.methods.igamt_helpers import EHRData, small
+
+SCHEMA = {
+    "feature_names": ["increment", "hr", "sbp", "dbp", "temp", "o2"],
+    "static": [
+        {"name": "age", "start": 0, "categories": (), "low": 20.0, "high": 80.0},
+        {"name": "gender", "start": 1, "categories": ("F", "M"), "low": 0.0, "high": 1.0},
+    ],
+    "temporal_low": [0.0, 40.0, 80.0, 40.0, 35.0, 80.0],
+    "temporal_high": [10.0, 160.0, 200.0, 120.0, 41.0, 100.0],
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("igamt")
+    module = small(noise_multiplier=None)
+    trainer = quiet_trainer(folder, max_epochs=1)
+    trainer.fit(module, EHRData())
+    trainer.save_checkpoint(folder / "plain.ckpt")
+    saved = torch.load(folder / "plain.ckpt", weights_only=True)
+    saved["ehr_schema"] = SCHEMA
+    torch.save(saved, folder / "schema.ckpt")
+    return folder
+
+
+def read(path):
+    with path.open() as stream:
+        return list(csv.DictReader(stream))
+
+
+def test_csv_in_scaled_units_matches_the_release(checkpoint, tmp_path, capsys):
+    out = tmp_path / "synthetic.csv"
+    assert (
+        main(["synthesize", "--ckpt", str(checkpoint / "plain.ckpt"), "--n", "7", "--out", str(out), "--seed", "3"])
+        == 0
+    )
+    assert SCALED_NOTE in capsys.readouterr().out
+    rows = read(out)
+    assert list(rows[0]) == ["patient", "time", "feature", "value", "static_0", "static_group_0"]
+    x, m = load_release(checkpoint / "plain.ckpt").sample(7, generator=torch.Generator().manual_seed(3))
+    assert len(rows) == int(m[:, 1:, 1:].sum())
+    for row in rows[:20]:
+        patient, feature = int(row["patient"]), int(row["feature"].split("_")[1])
+        observed = [k for k in range(1, x.shape[1]) if m[patient, k, feature] > 0.5]
+        assert any(abs(float(row["value"]) - float(x[patient, k, feature])) < 1e-5 for k in observed)
+        assert row["static_group_0"] == f"category_{int(x[patient, 0, 1:3].argmax())}"
+
+
+def test_csv_in_raw_units_with_the_schema(checkpoint, tmp_path, capsys):
+    out = tmp_path / "raw.csv"
+    assert (
+        main(["synthesize", "--ckpt", str(checkpoint / "schema.ckpt"), "--n", "5", "--out", str(out), "--seed", "1"])
+        == 0
+    )
+    assert SCALED_NOTE not in capsys.readouterr().out
+    rows = read(out)
+    assert list(rows[0])[4:] == ["age", "gender"] and {r["gender"] for r in rows} <= {"F", "M"}
+    assert all(20.0 <= float(r["age"]) <= 80.0 for r in rows)
+    assert rows and {r["feature"] for r in rows} <= set(SCHEMA["feature_names"][1:])
+    for row in rows:
+        j = SCHEMA["feature_names"].index(row["feature"])
+        assert SCHEMA["temporal_low"][j] <= float(row["value"]) <= SCHEMA["temporal_high"][j]
+    times = [float(r["time"]) for r in rows]
+    assert all(0.0 <= t <= 10.0 * 5 for t in times)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--n", "0"], "--n"),
+        (["--steps", "99"], "--steps"),
+    ],
+)
+def test_bad_flags_are_refused_in_one_line(checkpoint, tmp_path, capsys, flags, message):
+    argv = ["synthesize", "--ckpt", str(checkpoint / "plain.ckpt"), "--out", str(tmp_path / "a.csv"), *flags]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+
+
+def test_missing_or_foreign_checkpoints_are_refused(tmp_path, capsys):
+    assert main(["synthesize", "--ckpt", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, tmp_path / "other.ckpt")
+    assert main(["synthesize", "--ckpt", str(tmp_path / "other.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
+    assert "neither an IGAMT checkpoint" in capsys.readouterr().err

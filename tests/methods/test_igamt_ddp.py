@@ -1,0 +1,32 @@
+"""IGAMT under DDP with 2 gloo processes: one global Poisson sample and one noise draw per release, identical
+replicas, one ledger."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("igamt_ddp_run.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_two_ranks_stay_identical_and_share_the_ledger(tmp_path):
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "2"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    assert ranks[0]["world_size"] == 2
+    torch.testing.assert_close(ranks[0]["params"], ranks[1]["params"])  # noise drawn once, sums all-reduced
+    assert ranks[0]["ledger"] == ranks[1]["ledger"]
+    (event,) = ranks[0]["ledger"]["history"]
+    # 2 x 4 per step of 32 records: q = 0.25, 4 steps; critics, Enc and Dec released each step: sigma / sqrt(3)
+    assert event[1] == 0.25 and event[2] == ranks[0]["iterations"] == 4
+    assert abs(event[0] - 3**-0.5) < 1e-12

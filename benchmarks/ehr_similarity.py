@@ -26,9 +26,10 @@ import lightning as L
 from seeds import DEFAULT_SEEDS, Sweep, sweep
 
 from lightning_dprobust.data.ehr import EHRDataModule
-from lightning_dprobust.demo_ehr import SMALL_DATA, evaluate_generator
+from lightning_dprobust.demo_ehr import SMALL_DATA
 from lightning_dprobust.methods.ehr_baselines import BASELINES
 from lightning_dprobust.methods.igamt import IGAMT
+from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
 
 ABLATIONS = ("w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var")
 MODELS = tuple(BASELINES) + tuple(f"igamt_{a}" for a in ABLATIONS) + ("igamt",)

@@ -16,12 +16,9 @@ import argparse
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import torch
-from torch import Tensor
-
-from lightning_dprobust.metrics.synthetic import DEFAULT_FEATURES, similarity_report
+from lightning_dprobust.metrics.synthetic import DEFAULT_FEATURES
+from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
 from lightning_dprobust.metrics.synthetic_plots import log_synthetic_evaluation, write_synthetic_plots
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 
@@ -40,17 +37,6 @@ def small_overrides(out: Path, max_epochs: int, noise_multiplier: float | None) 
         f"--trainer.default_root_dir={out}",
         f"--trainer.logger.init_args.save_dir={out}",
     ]
-
-
-def evaluate_generator(
-    module: Any, real: tuple[Tensor, Tensor], seed: int = 0, features=DEFAULT_FEATURES
-) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
-    """Synthesize ``len(real)`` records (as many steps as the real ones) from ``module``'s released artifact with a
-    seeded generator and compare them with ``real`` (:func:`similarity_report`); returns the report and the draws."""
-    x_real, m_real = real
-    generator = torch.Generator().manual_seed(seed)
-    synthetic = module.release().cpu().sample(len(x_real), x_real.shape[1] - 1, generator)
-    return similarity_report((x_real, m_real), synthetic, features=features, seed=seed), synthetic
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

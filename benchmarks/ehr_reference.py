@@ -3,7 +3,7 @@ what structure-free ones score, so a trained generator's numbers can be read on 
 
 The real set is the test split (200 records) of ``EHRDataModule()`` (2,000 records, split seed 0). Each row is a
 set of 200 records scored against it with ``similarity_report`` (k-means with 3 clusters, Hungarian pairing, p = 2,
-features #0, #4, #7); per seed both the candidate set and the k-means seed change:
+features #0, #4, #7); each seed changes the k-means seed and, except for ``train_split``, the candidate set:
 
 * ``oracle``: fresh records of the same generator (seed ``1000 + seed``), preprocessed with the same schema;
 * ``no_structure``: fresh records of a generator without static effects, trend and seasonal components;

@@ -5,7 +5,8 @@ so the output is post-processing of the trained generator. The CSV has one row p
 ``patient, time, feature, value`` followed by one column per static feature (repeated on each of the patient's
 rows). ``time`` is the running sum of the generated time increments. When the checkpoint carries the data schema
 (feature names and train-set scalers, stored by ``fit`` from the EHR data module), values and times are in raw units;
-otherwise they stay in the scaled units ``[0, 1]`` and the command says so.
+otherwise they stay in the scaled units ``[0, 1]`` and the command says so. The scalers are the training set's
+min/max unless the data module was given public ranges: not differentially private, and the command says that too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from lightning_dprobust.cli.args import CommandParser, require
 from lightning_dprobust.models.ehr_release import FORMAT, ReleasedSynthesizer
 
 SCALED_NOTE = "values and times are in scaled units [0, 1]: the checkpoint carries no data schema to undo the scaling"
+SCHEMA_NOTE = (
+    "values are in raw units through the data schema's scalers: unless the data module was given public ranges, these "
+    "are the training set's min/max, which are not differentially private"
+)
 
 
 def _parser() -> CommandParser:
@@ -80,8 +85,7 @@ def synthesize_command(argv: Sequence[str]) -> None:
     x, m = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     rows = write_long_csv(x, m, release, Path(args.out))
     print(f"wrote {args.n} synthetic patients ({rows} observed values) to {args.out}")
-    if release.schema is None:
-        print(f"note: {SCALED_NOTE}")
+    print(f"note: {SCALED_NOTE if release.schema is None else SCHEMA_NOTE}")
 
 
 def write_long_csv(x: torch.Tensor, m: torch.Tensor, release: ReleasedSynthesizer, path: Path) -> int:

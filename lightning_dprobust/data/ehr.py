@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from lightning_dprobust.data.base import resolve_data_dir
 from lightning_dprobust.data.ehr_csv import read_long_csv
-from lightning_dprobust.data.ehr_mimic import read_mimic_iv_ed
+from lightning_dprobust.data.ehr_mimic import VITALS, read_mimic_iv_ed
 from lightning_dprobust.data.ehr_records import RawRecord, encode, fit_schema
 from lightning_dprobust.data.ehr_schema import EHRSchema
 from lightning_dprobust.data.ehr_synthetic import GENDERS, MEDICAL, RACES, synthetic_records
@@ -43,8 +43,10 @@ class EHRDataModule(L.LightningDataModule):
 
     Guarantees: the split is by patient (no patient in two splits), a deterministic function of ``seed``; every scaler
     (and the categories of CSV static columns) comes from the training split alone, so validation and test records
-    never change the training tensors or the schema. The scalers are not differentially private: pass public
-    ``ranges`` to keep the training set's extremes out of anything released with the schema.
+    never change the training tensors or the schema. Those statistics are not differentially private: pass public
+    ``ranges`` (and, for a CSV, public ``categories``) to keep the training set's extremes and rare categories out
+    of anything released with the schema; with a public range for every scaled feature and public categories, the
+    schema does not depend on the data at all.
 
     Args:
         source: one of ``"synthetic"``, ``"csv"``, ``"mimic_iv_ed"``.
@@ -56,6 +58,8 @@ class EHRDataModule(L.LightningDataModule):
         synthetic_seed: seed of the synthetic generator (fixed, so every training seed sees the same data).
         ranges: public ``(low, high)`` by feature name replacing the training min/max (``"time_increment"``,
             ``"age"``, ...).
+        categories: public categories of the CSV's discrete static columns, by column (default: those seen in the
+            training split).
         val_fraction: fraction of the records (whole patients) held out for validation.
         test_fraction: fraction of the records (whole patients) held out for testing.
         batch_size: training batch size (with ``DPCallback``: the expected Poisson batch size).
@@ -82,6 +86,7 @@ class EHRDataModule(L.LightningDataModule):
         num_records: int = 2000,
         synthetic_seed: int = 0,
         ranges: Mapping[str, tuple[float, float]] | None = None,
+        categories: Mapping[str, list[str]] | None = None,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         batch_size: int = 64,
@@ -94,6 +99,10 @@ class EHRDataModule(L.LightningDataModule):
             raise ValueError(f"source={source!r} is not one of {SOURCES}: set --data.source to one of them")
         if source == "csv" and csv_path is None:
             raise ValueError("source='csv' needs the file: set --data.csv_path to a long-format CSV")
+        if (features is not None or categories) and source != "csv":
+            raise ValueError(
+                f"features and categories describe a CSV's columns, but source={source!r} has fixed ones: drop them"
+            )
         if num_steps < 1 or batch_size < 1 or eval_batch_size < 1:
             raise ValueError(
                 f"num_steps={num_steps}, batch_size={batch_size}, eval_batch_size={eval_batch_size}: each must be >= 1"
@@ -104,13 +113,10 @@ class EHRDataModule(L.LightningDataModule):
         self.data_dir = resolve_data_dir(data_dir, "mimic_iv_ed")
         self.num_records, self.synthetic_seed = num_records, synthetic_seed
         self.ranges = dict(ranges or {})
+        self.categories = dict(categories or {})
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
-        self.batch_size, self.eval_batch_size, self.num_workers, self.seed = (
-            batch_size,
-            eval_batch_size,
-            num_workers,
-            seed,
-        )
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.seed = num_workers, seed
         self.records: dict[str, list[RawRecord]] = {}
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
@@ -153,9 +159,13 @@ class EHRDataModule(L.LightningDataModule):
             return records, MEDICAL, STATIC_CONTINUOUS, dict(STATIC_CATEGORICAL)
         if self.source == "mimic_iv_ed":
             records, continuous = read_mimic_iv_ed(self.data_dir)
-            return records, MEDICAL, continuous, dict(STATIC_CATEGORICAL)
+            return records, VITALS, continuous, dict(STATIC_CATEGORICAL)
         table = read_long_csv(self.csv_path, self.features)
-        return table.records, table.medical, table.continuous, {name: None for name in table.categorical}
+        unknown = sorted(set(self.categories) - set(table.categorical))
+        if unknown:
+            raise ValueError(f"categories for {unknown}: not a discrete static column of {self.csv_path}")
+        categorical = {name: self.categories.get(name) for name in table.categorical}
+        return table.records, table.medical, table.continuous, categorical
 
     @override
     def train_dataloader(self) -> DataLoader:

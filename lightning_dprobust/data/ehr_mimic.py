@@ -143,16 +143,22 @@ def read_mimic_iv_ed(data_dir: str | Path) -> tuple[list[RawRecord], tuple[str, 
     statics = _statics(stays, patients)
     rows = _measurements(triage, vitals, stays)
     continuous = ("start_time", "age") if patients is not None else ("start_time",)
+    statics = statics[~statics.index.duplicated()].loc[:, ["subject_id", *continuous, "gender", "race"]]
+    return _records(rows, statics), continuous
+
+
+def _records(rows: pd.DataFrame, statics: pd.DataFrame) -> list[RawRecord]:
+    """One record per stay of ``rows`` (sorted by stay and time), its static features from ``statics``."""
+    stays = rows["stay_id"].to_numpy()
+    if not len(stays):
+        return []
+    starts = np.flatnonzero(np.r_[True, stays[1:] != stays[:-1]])
+    hours = np.split(rows["hours"].to_numpy(np.float64), starts[1:])
+    values = np.split(rows[list(VITALS)].to_numpy(np.float64), starts[1:])
+    static = statics.loc[stays[starts]].astype(object)
+    static = static.where(static.notna(), None)
     records = []
-    for stay_id, table in rows.groupby("stay_id", sort=True):
-        static = statics.loc[stay_id]
-        values = {name: None if pd.isna(static.get(name)) else static[name] for name in (*continuous, "gender", "race")}
-        records.append(
-            RawRecord(
-                str(static["subject_id"]),
-                table["hours"].to_numpy(np.float64),
-                table[list(VITALS)].to_numpy(np.float64),
-                values,
-            )
-        )
-    return records, continuous
+    for times, measured, row in zip(hours, values, static.to_dict("records"), strict=True):
+        subject = row.pop("subject_id")
+        records.append(RawRecord(str(subject), times, measured, row))
+    return records

@@ -10,7 +10,8 @@ wherever ``m`` is 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,6 +117,17 @@ class EHRSchema:
     def continuous_static(self) -> dict[str, int]:
         """The slot of each continuous static feature, by name."""
         return {field.name: field.start for field in self.static if field.is_continuous}
+
+    def as_dict(self) -> dict[str, Any]:
+        """This schema as plain lists, numbers and strings, e.g. for a checkpoint read with ``weights_only=True``."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EHRSchema:
+        """The schema :meth:`as_dict` wrote (lists become tuples again)."""
+        static = tuple(StaticField(**{**field, "categories": tuple(field["categories"])}) for field in data["static"])
+        plain = {key: tuple(value) if isinstance(value, list) else value for key, value in data.items()}
+        return cls(**{**plain, "static": static})
 
     def inverse_transform(self, x: Tensor, m: Tensor) -> Tensor:
         """``x`` (``[..., num_steps + 1, F]``) back in raw units, NaN where ``m`` is 0 (missing or padding).

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -52,6 +53,10 @@ from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise
 CLIP_MODES = ("per_example", "batch")
 NOMINAL_SOURCE = "generative.nominal_accounting"
 NOMINAL_WARNING = "nominal: NOT a differential-privacy guarantee"
+
+
+class PrivateStepBypassed(RuntimeError):
+    """A private component's optimizer was stepped with a gradient its DP release did not produce."""
 
 
 class GenerativeDPModule(L.LightningModule):
@@ -103,6 +108,7 @@ class GenerativeDPModule(L.LightningModule):
         self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=True)
         self._clippers: dict[str, PerExampleClipper] = {}
         self._raw_optimizers: list[torch.optim.Optimizer] | None = None
+        self._pending: tuple[str, dict[str, Tensor]] | None = None
 
     # ------------------------------------------------------------------------------------------- subclass API
     def component_modules(self) -> Mapping[str, Sequence[nn.Module]]:
@@ -157,13 +163,29 @@ class GenerativeDPModule(L.LightningModule):
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         """One Adam per component (``learning_rates``), in :meth:`component_modules` order."""
-        rates = self.learning_rates()
-        optimizers = [
-            torch.optim.Adam(list(params.values()), lr=rates[name], betas=(0.5, 0.9))
-            for name, params in self.component_parameters().items()
-        ]
+        rates, private = self.learning_rates(), self.private_components() if self.dp_enabled else frozenset()
+        optimizers = []
+        for name, params in self.component_parameters().items():
+            optimizer = torch.optim.Adam(list(params.values()), lr=rates[name], betas=(0.5, 0.9))
+            if name in private:
+                optimizer.register_step_pre_hook(partial(self._verify_private_step, name))
+            optimizers.append(optimizer)
         self._raw_optimizers = optimizers
         return optimizers
+
+    def _verify_private_step(self, component: str, *_: Any) -> None:
+        """Contract 10: a private component's optimizer applies exactly the gradient :meth:`component_step` made."""
+        expected, self._pending = self._pending, None
+        params = self.component_parameters()[component]
+        if (
+            expected is None
+            or expected[0] != component
+            or any(p.grad is None or not torch.equal(p.grad, expected[1][name]) for name, p in params.items())
+        ):
+            raise PrivateStepBypassed(
+                f"the optimizer of the private component {component!r} was about to apply a gradient that "
+                "component_step did not produce; update private components only through component_step"
+            )
 
     def _optimizer(self, component: str) -> Any:
         index = list(self.component_modules()).index(component)
@@ -195,7 +217,9 @@ class GenerativeDPModule(L.LightningModule):
         optimizer = self._optimizer(component)
         for name, p in params.items():
             p.grad = grads[name]
+        self._pending = (component, grads)
         optimizer.step()
+        self._pending = None
         optimizer.zero_grad(set_to_none=True)
         return value.detach()
 

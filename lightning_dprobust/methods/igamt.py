@@ -49,7 +49,9 @@ class IGAMT(GenerativeDPModule):
     Training (thesis Algorithm 1, EDGAMT base): per batch, when ``t % critic_freq_base < critic_freq_hit`` the
     critics D_x, D_z, D_m take one WGAN-GP step (Eqs 4.1, 4.2, ``l_dm``); then Enc (Eq 4.4), Dec (Eq 4.3 + ``D_m``
     terms), the imitator Dec_i (Eq 4.5; its optimizer excludes Dec's shared last layer) and G (Eq 4.6). Learning rates
-    ``lr`` (Enc, Dec, Dec_i, G) and ``critic_lr``, decayed by ``lr_decay`` (0.99) per epoch; Adam throughout.
+    ``lr`` (Enc, Dec, Dec_i, G) and ``critic_lr``, decayed by ``lr_decay`` (0.99) per epoch; Adam throughout. The
+    critics take one step on the sum of their losses (Eq 4.1's ``3 D_x(x m)`` form), where the authors' code steps D_x
+    once per fake source; the code's generator gating (``gen_freq_*``) is not reproduced.
 
     Privacy (``noise_multiplier`` not ``None``), through :class:`GenerativeDPModule`:
 
@@ -253,7 +255,8 @@ class IGAMT(GenerativeDPModule):
                 "imitator", self._imitator_closure(x, m, s_pub, start_x_pub, start_m_pub)
             )
         logs["generator"] = self.component_step("generator", lambda: self.generator_loss(s_pub))
-        self.log_dict({f"train/{k}_loss": v for k, v in logs.items()}, on_step=False, on_epoch=True)
+        finite = {f"train/{k}_loss": v for k, v in logs.items() if torch.isfinite(v)}  # an empty Poisson batch: NaN
+        self.log_dict(finite, on_step=False, on_epoch=True)
         return logs
 
     @torch.no_grad()
@@ -271,11 +274,11 @@ class IGAMT(GenerativeDPModule):
         with torch.no_grad():
             z_syn = self.generator(s)
             x_syn, m_syn = self.synthesize_with(self.decoder.body, z_syn, start_x, start_m, x.shape[1] - 1)
-            k = min(len(x), len(s))  # the thesis's real-data targets pair real example i with draw i
+            k = 0 if self.hparams.strict_dp else min(len(x), len(s))  # the thesis pairs real example i with draw i
             x_hat, m_hat = self.reconstruct(x[:k], m[:k], self.encoder(x[:k], m[:k])) if k else (x[:0], m[:0])
 
         def loss() -> Tensor:
-            if self.hparams.strict_dp or k == 0:
+            if k == 0:  # strict_dp, or an empty batch
                 return self.imitator_loss(z_syn, start_x, start_m, x_syn, m_syn)
             real_targets = [(x_hat * m_hat)[:, 1:], (x[:k] * m[:k])[:, 1:]]
             return self.imitator_loss(z_syn[:k], start_x[:k], start_m[:k], x_syn[:k], m_syn[:k], real_targets)

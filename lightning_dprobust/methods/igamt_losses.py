@@ -20,7 +20,7 @@ _EPS = 1e-6
 
 
 def _per_example_mean(values: Tensor) -> Tensor:
-    return values.reshape(values.shape[0], -1).mean(dim=1)
+    return values.flatten(start_dim=1).mean(dim=1)
 
 
 def reconstruction(x: Tensor, m: Tensor, x_hat: Tensor, m_hat: Tensor) -> Tensor:
@@ -69,5 +69,5 @@ def gradient_penalty(critic: Critic, real: Tensor, fake: Tensor, alpha: Tensor) 
     shape = (-1,) + (1,) * (real.dim() - 1)
     mixed = alpha.reshape(shape) * real + (1 - alpha.reshape(shape)) * fake
     slopes = grad(lambda u: critic(u).sum())(mixed)
-    norms = torch.sqrt(slopes.reshape(slopes.shape[0], -1).pow(2).sum(dim=1) + 1e-12)
+    norms = torch.sqrt(slopes.flatten(start_dim=1).pow(2).sum(dim=1) + 1e-12)
     return (norms - 1) ** 2

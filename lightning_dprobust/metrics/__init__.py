@@ -10,6 +10,7 @@ from lightning_dprobust.metrics.certified import (
 )
 from lightning_dprobust.metrics.robust import RobustAccuracy, robust_accuracy
 from lightning_dprobust.metrics.synthetic import ClusterSimilarity, cluster_similarity, similarity_report
+from lightning_dprobust.metrics.synthetic_metric import SyntheticSimilarity
 
 __all__ = [
     "AverageCertifiedRadius",
@@ -17,6 +18,7 @@ __all__ = [
     "ClusterSimilarity",
     "PaperCalibrationError",
     "RobustAccuracy",
+    "SyntheticSimilarity",
     "average_certified_radius",
     "certified_accuracy",
     "cluster_similarity",

@@ -133,8 +133,9 @@ def similarity_report(
 
     Keys: ``synthetic/minkowski`` and ``synthetic/cosine`` (whole records, ``n_clusters`` clusters),
     ``synthetic/feature_<f>/minkowski`` and ``.../cosine`` for each of ``features`` (``feature_clusters``
-    clusters; cosines around the real mean when ``centred``), ``synthetic/missing_wasserstein`` and ``synthetic/increment_wasserstein`` (1-Wasserstein distance
-    between the real and synthetic distributions of :func:`missing_counts` and :func:`mean_increments`).
+    clusters); cosines are taken around the real mean when ``centred``. ``synthetic/missing_wasserstein`` and
+    ``synthetic/increment_wasserstein``: the 1-Wasserstein distance between the real and the synthetic
+    distributions of :func:`missing_counts` and of :func:`mean_increments`.
     """
     (x_real, m_real), (x_syn, m_syn) = real, synthetic
     overall = cluster_similarity(

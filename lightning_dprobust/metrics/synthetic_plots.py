@@ -125,7 +125,10 @@ def write_synthetic_plots(
 def log_synthetic_evaluation(
     loggers: Iterable[Any], report: Mapping[str, float], images: Mapping[str, str], step: int | None = None
 ) -> None:
-    """Log ``report`` (numbers) to every logger and the PNG ``images`` to each W&B logger as ``synthetic/<name>``."""
+    """Log ``report`` (numbers) to every logger and the PNG ``images`` to each W&B logger as ``synthetic/<name>``.
+
+    Call it on rank zero only (``trainer.is_global_zero``), as loggers expect.
+    """
     for logger in loggers:
         logger.log_metrics(dict(report), step=step)
         if type(logger).__name__ == "WandbLogger":

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_dprobust.cli.main import main
-from lightning_dprobust.cli.synthesize import SCALED_NOTE, load_release
+from lightning_dprobust.cli.synthesize import SCALED_NOTE, SCHEMA_NOTE, load_release
 from tests.helpers import quiet_trainer
 from tests.methods.igamt_helpers import EHRData, small
 
@@ -65,7 +65,8 @@ def test_csv_in_raw_units_with_the_schema(checkpoint, tmp_path, capsys):
         main(["synthesize", "--ckpt", str(checkpoint / "schema.ckpt"), "--n", "5", "--out", str(out), "--seed", "1"])
         == 0
     )
-    assert SCALED_NOTE not in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert SCALED_NOTE not in printed and SCHEMA_NOTE in printed
     rows = read(out)
     assert list(rows[0])[4:] == ["age", "gender"] and {r["gender"] for r in rows} <= {"F", "M"}
     assert all(20.0 <= float(r["age"]) <= 80.0 for r in rows)

@@ -115,6 +115,8 @@ def test_generator_is_seeded():
     [
         ({"source": "fhir"}, "source='fhir' is not one of"),
         ({"source": "csv"}, "set --data.csv_path"),
+        ({"features": ["hr"]}, "has fixed ones"),
+        ({"categories": {"race": ["a"]}}, "has fixed ones"),
         ({"num_steps": 0}, "num_steps=0"),
         ({"val_fraction": 1.5}, "val_fraction must lie in"),
     ],
@@ -136,3 +138,16 @@ def test_check_ehr_batch_refuses_broken_batches(datamodule):
         check_ehr_batch(bad, m, schema)
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         check_ehr_batch(x * 2 + 0.1, m, schema)
+
+
+def test_the_train_loader_can_be_poisson_sampled_for_dp(datamodule):
+    from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
+
+    factory = PoissonLoaderFactory(sample_rate=None, mask_seed=lambda: 0, poisson=True)
+    loader = factory._build(datamodule.train_dataloader(), rank=0, world_size=1)
+    assert factory.sample_rate == pytest.approx(32 / len(datamodule.train_set))
+    sizes = []
+    for x, m in loader:
+        assert tuple(x.shape[1:]) == tuple(m.shape[1:]) == (51, 9)
+        sizes.append(len(x))
+    assert len(set(sizes)) > 1 and sum(sizes) == pytest.approx(len(datamodule.train_set), rel=0.3)

@@ -9,7 +9,9 @@ import pytest
 import torch
 from fake_ehr import record
 
+from lightning_dprobust.data.ehr_csv import read_long_csv, write_long_csv
 from lightning_dprobust.data.ehr_records import decode, encode, encode_record, fit_schema
+from lightning_dprobust.data.ehr_schema import EHRSchema
 
 NAN = float("nan")
 CATEGORICAL = {"gender": ("F", "M"), "race": ("white", "black", "other")}
@@ -167,3 +169,21 @@ def test_sample_start_uses_the_layout_only():
     for slots in schema.one_hot_groups.values():
         assert torch.equal(x0[:, list(slots)].sum(1), torch.ones(64))
     assert (x0[:, :2] >= 0).all() and (x0[:, :2] <= 1).all() and x0[:, :2].std() > 0.1
+
+
+def test_schema_survives_a_weights_only_checkpoint(tmp_path):
+    schema = fit(thesis_records())
+    torch.save({"schema": schema.as_dict()}, tmp_path / "s.pt")
+    loaded = torch.load(tmp_path / "s.pt", weights_only=True)["schema"]
+    assert EHRSchema.from_dict(loaded) == schema
+
+
+def test_tensors_survive_decode_and_the_long_csv(tmp_path):
+    records = thesis_records()
+    schema = fit(records)
+    x, m = encode(records, schema)
+    path = write_long_csv(decode(x, m, schema), schema.feature_names[1:], tmp_path / "out.csv")
+    table = read_long_csv(path, features=schema.feature_names[1:])
+    again = encode(sorted(table.records, key=lambda r: int(r.group)), schema)
+    torch.testing.assert_close(again[1], m)
+    torch.testing.assert_close(again[0], x, atol=1e-6, rtol=0)

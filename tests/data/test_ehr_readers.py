@@ -147,3 +147,23 @@ def test_mimic_file_without_an_official_column_is_refused(tmp_path):
     write_csv(tmp_path / "triage.csv", "subject_id,stay_id,temperature", ["1,2,98"])
     with pytest.raises(DatasetNotFoundError, match="lacks the column"):
         read_mimic_iv_ed(tmp_path)
+
+
+def test_with_public_ranges_and_categories_the_schema_does_not_depend_on_the_data(tmp_path):
+    public = {"time_increment": (0.0, 24.0), "start_time": (0.0, 366.0), "age": (0.0, 120.0)}
+    public |= {name: (0.0, 300.0) for name in MEDICAL}
+    categories = {"gender": ["F", "M"], "race": ["white", "black", "other"]}
+    schemas = []
+    for seed in (7, 8):
+        path = write_long_csv(synthetic_records(40, seed=seed), MEDICAL, tmp_path / f"{seed}.csv")
+        datamodule = EHRDataModule(
+            source="csv", csv_path=str(path), features=MEDICAL, ranges=public, categories=categories
+        )
+        schemas.append(datamodule.schema)
+    assert schemas[0] == schemas[1]
+    learned = [
+        EHRDataModule(source="csv", csv_path=str(tmp_path / f"{seed}.csv"), features=MEDICAL).schema for seed in (7, 8)
+    ]
+    assert learned[0] != learned[1]  # without them, the schema reveals the training data's extremes
+    with pytest.raises(ValueError, match="not a discrete static column"):
+        EHRDataModule(source="csv", csv_path=str(tmp_path / "7.csv"), categories={"sex": ["F"]}).setup()

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dprobust.core.accounting import epsilon_for
-from lightning_dprobust.methods.generative_base import GenerativeDPModule
+from lightning_dprobust.methods.generative_base import GenerativeDPModule, PrivateStepBypassed
 from tests.helpers import quiet_trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*reproducibility mode", "ignore:noise_multiplier=0")
@@ -153,6 +153,16 @@ def test_components_must_be_disjoint_and_cover_every_parameter():
     module.component_modules = lambda: {"critic": [module.critic]}
     with pytest.raises(ValueError, match="belong to no component"):
         module.component_parameters()
+
+
+def test_a_private_optimizer_step_outside_component_step_is_refused():
+    module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
+    module.component_step("critic", "critic_loss", (torch.randn(4, 4), torch.randn(4, 2)))  # the private path
+    critic_optimizer, generator_optimizer = module._raw_optimizers
+    module.critic_loss(torch.randn(4, 4), torch.randn(4, 2)).mean().backward()  # a plain, un-noised gradient
+    with pytest.raises(PrivateStepBypassed, match="'critic'"):
+        critic_optimizer.step()
+    generator_optimizer.step()  # public components are not guarded
 
 
 def test_a_private_component_needs_a_per_example_loss():

@@ -116,6 +116,18 @@ def test_sigma_zero_and_huge_clip_equal_the_non_dp_path(strict_dp):
     assert not torch.allclose(flat(noisy), flat(plain), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("strict_dp", [True, False])
+def test_an_empty_poisson_batch_still_releases_noise_and_is_accounted(strict_dp):
+    module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=strict_dp))
+    before = {name: flat(part) for name, part in (("critics", module.critic_x), ("last", module.decoder.last))}
+    x, m = ehr_batch()
+    module.train_iteration(x[:0], m[:0], 0)
+    module.record_iteration()
+    assert module.ledger.steps + module._nominal_ledger.steps == 1
+    for name, part in (("critics", module.critic_x), ("last", module.decoder.last)):
+        assert torch.isfinite(flat(part)).all() and not torch.equal(before[name], flat(part))
+
+
 def test_critic_schedule():
     module = ready(small(critic_freq_base=3, critic_freq_hit=2, noise_multiplier=None))
     assert [module.critics_scheduled(t) for t in range(7)] == [t % 3 < 2 for t in range(7)]
@@ -205,3 +217,18 @@ def test_bad_batches_are_refused_in_one_line():
         with pytest.raises(ValueError, match="IGAMT") as error:
             module.training_step(batch, 0)
         assert "\n" not in str(error.value)
+
+
+def test_a_resumed_fit_reports_the_epsilon_of_an_unbroken_one(tmp_path):
+    unbroken = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    quiet_trainer(tmp_path / "a", max_epochs=2).fit(unbroken, EHRData(n=16, batch_size=8))
+    first = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    trainer = quiet_trainer(tmp_path / "b", max_epochs=1)
+    trainer.fit(first, EHRData(n=16, batch_size=8))
+    trainer.save_checkpoint(tmp_path / "one.ckpt")
+    resumed = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    quiet_trainer(tmp_path / "c", max_epochs=2).fit(
+        resumed, EHRData(n=16, batch_size=8), ckpt_path=tmp_path / "one.ckpt"
+    )
+    assert resumed.iteration == unbroken.iteration == 4
+    assert resumed.ledger.history == unbroken.ledger.history and resumed.epsilon() == unbroken.epsilon()

@@ -21,6 +21,7 @@ from lightning_dprobust.metrics.synthetic import (
     pca_projection,
     similarity_report,
 )
+from lightning_dprobust.metrics.synthetic_metric import SyntheticSimilarity
 from lightning_dprobust.metrics.synthetic_plots import log_synthetic_evaluation, write_synthetic_plots
 from tests.helpers import read_wandb_history
 
@@ -160,3 +161,19 @@ def test_a_fresh_draw_of_the_generator_beats_shuffled_marginals():
     assert good["synthetic/minkowski"] < bad["synthetic/minkowski"]
     assert good["synthetic/cosine"] > bad["synthetic/cosine"]
     assert good["synthetic/missing_wasserstein"] < bad["synthetic/missing_wasserstein"]
+
+
+def test_the_metric_accumulates_batches_like_one_report(ehr):
+    x, m = ehr
+    noisy = (x * 0.8, m)
+    metric = SyntheticSimilarity(p=1.0)
+    for start in range(0, len(x), 64):
+        batch = slice(start, start + 64)
+        metric.update(x[batch], m[batch], noisy[0][batch], noisy[1][batch])
+    expected = similarity_report(ehr, noisy, p=1.0)
+    computed = metric.compute()
+    assert set(computed) == set(expected)
+    for key, value in expected.items():
+        assert float(computed[key]) == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    with pytest.raises(ValueError, match="x and m must match"):
+        metric.update(x[:2], m[:2, :50], x[:2], m[:2])

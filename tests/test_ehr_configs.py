@@ -45,3 +45,19 @@ def test_mimic_recipe_is_igamt_on_the_same_model_as_the_synthetic_one():
     synthetic = build_recipe(EHR_CONFIGS[0], ["--trainer.logger=false"]).model.hparams
     mimic = build_recipe(CONFIG_DIR / "igamt" / "mimic_iv_ed.yaml", ["--trainer.logger=false"]).model.hparams
     assert dict(mimic) == dict(synthetic)
+
+
+@pytest.mark.slow
+def test_demo_ehr_prints_epsilon_and_similarity_and_writes_the_pictures(tmp_path, capsys):
+    from lightning_dprobust import demo_ehr
+
+    report = demo_ehr.main(["--out", str(tmp_path), "--max-epochs", "1"])
+    printed = capsys.readouterr().out
+    assert "privacy:      epsilon" in printed and "overall:      Minkowski" in printed
+    assert sorted(path.name for path in tmp_path.glob("*/plots/*.png")) == [
+        "missing_values.png",
+        "pca.png",
+        "time_increments.png",
+        "trajectories.png",
+    ]
+    assert report["synthetic/minkowski"] > 0 and -1 <= report["synthetic/cosine"] <= 1

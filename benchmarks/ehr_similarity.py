@@ -61,7 +61,7 @@ def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3) -> dic
         limit_val_batches=0,
     )
     trainer.fit(module, data)
-    report, _ = evaluate_generator(module, data.test_set.tensors, seed=seed)
+    report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed)
     return {**{key: report[key] for key in COLUMNS}, "epsilon": module.epsilon()}
 
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     fitted = fit_recipe(args.config, small_overrides(out, args.max_epochs, args.noise_multiplier), test=False)
     trained = time.perf_counter() - start
     real = fitted.datamodule.test_set.tensors
-    report, synthetic = evaluate_generator(fitted.module, real)
+    report, synthetic = evaluate_generator(fitted.module.release(), real)
     names = [fitted.datamodule.schema.feature_names[f] for f in DEFAULT_FEATURES]
     images = write_synthetic_plots(real, synthetic, out / "plots", feature_names=names)
     log_synthetic_evaluation(fitted.trainer.loggers, report, images)

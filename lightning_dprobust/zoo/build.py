@@ -188,9 +188,10 @@ def train_and_evaluate_generator(config: dict[str, Any], workdir: Path) -> tuple
     from lightning_dprobust.recipes import fit_recipe, quiet_overrides
 
     fitted = fit_recipe(config, quiet_overrides(workdir), test=False)
-    report, _ = evaluate_generator(fitted.module.eval(), fitted.datamodule.test_set.tensors)
+    release = fitted.module.release().cpu()
+    report, _ = evaluate_generator(release, fitted.datamodule.test_set.tensors)
     metrics = {key.removeprefix("synthetic/").replace("/", "_"): round(value, 6) for key, value in report.items()}
-    return fitted.module.release().cpu(), metrics, privacy_record(fitted.module)
+    return release, metrics, privacy_record(fitted.module)
 
 
 def privacy_record(dp: Any) -> dict[str, Any]:

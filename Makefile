@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	WANDB_MODE=offline $(BIN)/python -m lightning_dprobust.demo
 
+.PHONY: demo-ehr
+demo-ehr: $(STAMP)
+	WANDB_MODE=offline $(BIN)/python -m lightning_dprobust.demo_ehr
+
 test: $(STAMP)
 	WANDB_MODE=offline $(BIN)/python -m pytest -q
 

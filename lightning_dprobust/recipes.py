@@ -70,8 +70,8 @@ class DProbustCLI(LightningCLI):
         os.environ.setdefault("WANDB_MODE", "offline")  # as for the evaluation subcommands: WANDB_MODE decides
         os.environ.setdefault("WANDB_SILENT", "true")
         super().__init__(
-            ClassifierModule,
-            ImageDataModule,
+            L.LightningModule,
+            L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
             args=None if args is None else list(args),

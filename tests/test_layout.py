@@ -21,7 +21,7 @@ LAYERS = [
     {"recipes"},
     {"zoo.build"},
     {"audit"},
-    {"cli", "demo"},
+    {"cli", "demo", "demo_ehr"},
 ]
 """Lowest first; a unit may import its own modules and those of any lower layer. The zoo's hub and catalog sit low
 (methods resolve zoo names, e.g. TransDenoiser's public classifier); its build trains recipes, so it sits above them."""

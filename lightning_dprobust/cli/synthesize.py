@@ -51,6 +51,11 @@ def load_release(path: str | Path) -> ReleasedSynthesizer:
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(saved, dict) and saved.get("format") == FORMAT:
         return ReleasedSynthesizer.load(path)
+    from lightning_dprobust.methods.ehr_baselines import baseline_from_checkpoint
+
+    baseline = baseline_from_checkpoint(saved) if isinstance(saved, dict) else None
+    if baseline is not None:  # VAE, GAN, VAE-GAN, AAE, DAAE: the same released artifact
+        return baseline.release()
     hparams = saved.get("hyper_parameters") if isinstance(saved, dict) else None
     if not isinstance(hparams, dict) or "static_groups" not in hparams or "variant" not in hparams:
         raise ValueError(f"{path} is neither an IGAMT checkpoint nor an EHR synthesizer release")

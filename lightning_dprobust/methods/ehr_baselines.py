@@ -26,7 +26,7 @@ critics from public draws: post-processing. The epsilon covers the released arti
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -75,6 +75,7 @@ class EHRBaseline(GenerativeDPModule):
         **dp_kwargs: see :class:`GenerativeDPModule` (``noise_multiplier``, ``max_grad_norm``, ``clip_mode``, ...).
     """
 
+    name: ClassVar[str] = ""
     encoder_kind: ClassVar[str | None] = None
     data_critic: ClassVar[bool] = False
     latent_critic: ClassVar[str | None] = None
@@ -292,6 +293,7 @@ class EHRBaseline(GenerativeDPModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
+        checkpoint["ehr_baseline"] = self.name
         checkpoint["igamt_iteration"] = self.iteration
         if self.ehr_schema is not None:
             checkpoint["ehr_schema"] = self.ehr_schema
@@ -305,18 +307,21 @@ class EHRBaseline(GenerativeDPModule):
 class EHRVAE(EHRBaseline):
     """VAE (Kingma and Welling 2014): private encoder and decoder; synthesis decodes ``s ~ N(0, I)``."""
 
+    name = "vae"
     encoder_kind = "variational"
 
 
 class EHRGAN(EHRBaseline):
     """WGAN-GP (Gulrajani et al. 2017): private data critic; the generator (latent map + decoder) is public."""
 
+    name = "gan"
     data_critic = True
 
 
 class EHRVAEGAN(EHRBaseline):
     """VAE-GAN (Larsen et al. 2016): a VAE whose decoder also fools a data critic; all three parts private."""
 
+    name = "vae_gan"
     encoder_kind = "variational"
     data_critic = True
 
@@ -324,6 +329,7 @@ class EHRVAEGAN(EHRBaseline):
 class EHRAAE(EHRBaseline):
     """AAE (Makhzani et al. 2016): deterministic codes matched to ``N(0, I)`` by a private latent critic."""
 
+    name = "aae"
     encoder_kind = "deterministic"
     latent_critic = "prior"
 
@@ -332,16 +338,25 @@ class EHRDAAE(EHRBaseline):
     """DAAE (Lee et al. 2020): G learns Enc's code distribution (latent critic), the decoder fools a data critic on
     reconstructions and decoded ``G(s)``; G is public."""
 
+    name = "daae"
     encoder_kind = "latent"
     data_critic = True
     latent_critic = "generator"
 
 
-BASELINES: dict[str, type[EHRBaseline]] = {
-    "vae": EHRVAE,
-    "gan": EHRGAN,
-    "vae_gan": EHRVAEGAN,
-    "aae": EHRAAE,
-    "daae": EHRDAAE,
-}
+BASELINES: dict[str, type[EHRBaseline]] = {cls.name: cls for cls in (EHRVAE, EHRGAN, EHRVAEGAN, EHRAAE, EHRDAAE)}
 """The baselines of thesis Table 4.1 by name."""
+
+
+def baseline_from_checkpoint(saved: Mapping[str, Any]) -> EHRBaseline | None:
+    """The baseline held by a checkpoint of ``fit`` (its ``ehr_baseline`` name looked up in :data:`BASELINES`, so
+    nothing named by the file is imported), or ``None`` when the checkpoint is not a baseline's."""
+    name = saved.get("ehr_baseline")
+    if name is None:
+        return None
+    if name not in BASELINES:
+        raise ValueError(f"the checkpoint names the EHR baseline {name!r}; known: {', '.join(BASELINES)}")
+    module = BASELINES[name](**saved["hyper_parameters"])
+    module.load_state_dict(saved["state_dict"])
+    module.ehr_schema = saved.get("ehr_schema")
+    return module

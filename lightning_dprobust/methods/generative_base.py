@@ -133,6 +133,16 @@ class GenerativeDPModule(L.LightningModule):
     def dp_enabled(self) -> bool:
         return self.noise_multiplier is not None
 
+    @property
+    def privacy_delta(self) -> float | None:
+        """The delta at which the end-of-fit summary reads :attr:`ledger` (a module-owned ledger's interface)."""
+        return self.delta
+
+    @property
+    def privacy_accountant(self) -> str:
+        """The accountant with which the end-of-fit summary reads :attr:`ledger`."""
+        return self.accountant
+
     # ------------------------------------------------------------------------------------------- components
     def component_parameters(self) -> dict[str, dict[str, nn.Parameter]]:
         """``component -> {parameter name in this module: parameter}``; checks disjointness and coverage."""

@@ -177,8 +177,26 @@ def _robust_metrics(module: nn.Module, loader: Any, attack: str, eps: float, **k
     return {key: round(float(np.mean(accuracies)), 6), f"{key}_std": round(float(np.std(accuracies, ddof=1)), 6)}
 
 
+def train_and_evaluate_generator(config: dict[str, Any], workdir: Path) -> tuple[nn.Module, dict[str, float], dict]:
+    """Fit an EHR generator's config as ``dprobust fit`` would and score its released artifact against the test
+    split (:func:`~lightning_dprobust.metrics.synthetic_eval.evaluate_generator`, seed 0).
+
+    Returns:
+        The released artifact (what the entry publishes), its similarity metrics and the module's privacy record.
+    """
+    from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
+    from lightning_dprobust.recipes import fit_recipe, quiet_overrides
+
+    fitted = fit_recipe(config, quiet_overrides(workdir), test=False)
+    release = fitted.module.release().cpu()
+    report, _ = evaluate_generator(release, fitted.datamodule.test_set.tensors)
+    metrics = {key.removeprefix("synthetic/").replace("/", "_"): round(value, 6) for key, value in report.items()}
+    return release, metrics, privacy_record(fitted.module)
+
+
 def privacy_record(dp: Any) -> dict[str, Any]:
-    """The guarantee a fitted ``DPCallback`` gives, as the zoo's ``meta.privacy`` (plain floats and ints)."""
+    """The guarantee a fitted ``DPCallback`` (or a generative module, which has the same attributes) gives, as the
+    zoo's ``meta.privacy`` (plain floats and ints)."""
     return {
         "epsilon": float(dp.epsilon()),
         "delta": float(dp.delta),
@@ -246,7 +264,10 @@ def build(
     config, overrides = recipe_config(entry, epochs=epochs)
     with tempfile.TemporaryDirectory(prefix="dprobust-zoo-build-") as workdir:
         evaluation = {key: entry.meta.get(key) for key in ("smoothing", "robustness", "certification")}
-        model, metrics, privacy = train_and_evaluate(config, Path(workdir), evaluation)
+        if entry.kind == "generator":
+            model, metrics, privacy = train_and_evaluate_generator(config, Path(workdir))
+        else:
+            model, metrics, privacy = train_and_evaluate(config, Path(workdir), evaluation)
     fresh = entry.build_model()
     fit_state_dict(
         fresh, model.state_dict(), f"the recipe of {name!r} trains another model than the entry's {entry.model}"

@@ -15,11 +15,14 @@ import yaml
 from torch import nn
 
 from lightning_dprobust.models import create_model
+from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
 
 STATUSES = ("shipped", "recipe")
-KINDS = ("classifier", "denoiser", "attack")
+KINDS = ("classifier", "denoiser", "attack", "generator")
 """A denoiser entry's model maps images to images; ``meta.classifier`` names the zoo classifier it was trained for.
-An attack entry is a trained AIN generator; ``meta.classifier`` names the zoo classifier it was trained against."""
+An attack entry is a trained AIN generator; ``meta.classifier`` names the zoo classifier it was trained against.
+A generator entry's model is an EHR synthesizer's released artifact (``models/ehr_release.py``: G, decoder body and
+last layer), its ``model.kwargs`` the artifact's config; its weights are the artifact's state dict."""
 _NEEDS_CLASSIFIER = ("denoiser", "attack")
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps")
 ENTRY_KEYS = ("name", "status", "url", "file", "sha256", "model", "preprocessing", "meta")
@@ -80,7 +83,8 @@ class Entry:
             ``robustness`` (the attack a build evaluates) and ``certification`` (``n0``, ``n``, ``alpha``, ``skip``
             of the build's certification, where they differ from the defaults); for denoisers ``classifier``, the zoo
             entry of the public classifier the denoiser was trained for.
-        kind: ``"classifier"`` (default; not written to the YAML), ``"denoiser"`` or ``"attack"`` (an AIN generator).
+        kind: ``"classifier"`` (default; not written to the YAML), ``"denoiser"``, ``"attack"`` (an AIN generator)
+            or ``"generator"`` (an EHR synthesizer).
     """
 
     name: str
@@ -109,7 +113,10 @@ class Entry:
         return self.status == "shipped"
 
     def build_model(self) -> nn.Module:
-        """The entry's architecture with fresh weights (see :func:`lightning_dprobust.models.create_model`)."""
+        """The entry's architecture with fresh weights (see :func:`lightning_dprobust.models.create_model`; a
+        generator's is a :class:`~lightning_dprobust.models.ehr_release.ReleasedSynthesizer`)."""
+        if self.kind == "generator":
+            return ReleasedSynthesizer(self.model["kwargs"])
         return create_model(self.model["name"], **self.model["kwargs"])
 
     def to_dict(self) -> dict[str, Any]:

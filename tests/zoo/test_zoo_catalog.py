@@ -63,7 +63,7 @@ def test_the_catalog_has_the_planned_datasets_and_reads_through_the_api():
 def test_keys_name_and_status(name):
     entry = RAW[name]
     assert set(entry) - {"kind"} == REQUIRED
-    assert entry.get("kind", "classifier") in ("classifier", "denoiser", "attack")
+    assert entry.get("kind", "classifier") in ("classifier", "denoiser", "attack", "generator")
     assert entry["name"] == name
     arch, tag = re.fullmatch(r"([a-z0-9_]+)\.([a-z0-9_]+)", name).groups()
     assert arch in list_models() or is_timm_model(arch), f"{arch} is neither registered nor a timm architecture"

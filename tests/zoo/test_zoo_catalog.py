@@ -148,7 +148,9 @@ def test_every_weights_file_belongs_to_an_entry():
     assert files <= {RAW[name]["file"] for name in shipped()}
 
 
-GAUSSIAN = [name for name in shipped() if (RAW[name]["meta"]["privacy"] or {}).get("accountant") not in (None, "laplace")]
+GAUSSIAN = [
+    name for name in shipped() if (RAW[name]["meta"]["privacy"] or {}).get("accountant") not in (None, "laplace")
+]
 """Shipped entries with a DP-SGD guarantee (a pure-DP Laplace entry has no RDP analysis to compare)."""
 
 

@@ -102,7 +102,8 @@ class StoBatch(ClassifierModule):
         **kwargs: Any,
     ) -> None:
         _check_arguments(batch_size, xi, psi, attack_steps, mu_max, theta1_bound, reconstruction)
-        kwargs.pop("model", None), kwargs.pop("mean", None), kwargs.pop("std", None)
+        for fixed in ("model", "mean", "std"):  # the network and its [-1, 1] mapping are StoBatch's own
+            kwargs.pop(fixed, None)
         super().__init__(model="stobatch_cnn", model_kwargs=model_kwargs, optimizer=optimizer, lr=lr, **kwargs)
         net = self.net
         self.delta_r = sb.reconstruction_sensitivity(net.patch_size, net.neurons)

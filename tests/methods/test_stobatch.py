@@ -232,3 +232,33 @@ def test_bad_arguments_refused_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as error:
         module(**kwargs)
     assert "\n" not in str(error.value)
+
+
+def test_ensemble_gives_each_attack_a_third_of_the_source_batch(monkeypatch):
+    sizes = []
+
+    def recording(model, x_bar, mu, steps, kind, generator=None):
+        sizes.append((kind, len(x_bar)))
+        return x_bar
+
+    monkeypatch.setattr(stobatch_attacks, "iterative_attack", recording)
+    stobatch_attacks.ensemble_attack(lambda z: z.flatten(1), torch.zeros(120, 1, 2, 2), 0.5, 3)
+    assert sizes == [("ifgsm", 40), ("mim", 40), ("pgd", 40)]
+
+
+def test_every_noise_enters_the_step():
+    """chi1 shifts the inputs, 2 chi2 / m the first hidden layer, and chi3 adds -<chi3, W_pi> / m to the loss."""
+    sto = module()
+    sto.draw_noise(torch.Generator().manual_seed(0))
+    net = sto.net
+    x = torch.rand(240, 1, 8, 8)
+    y = torch.randint(0, 10, (240,))
+    assert torch.equal(net.perturb(x), 2 * x - 1 + net.input_noise)
+    hidden = net.hidden(net.perturb(x)) - net.hidden_noise
+    assert torch.allclose(hidden, torch.tanh(net.encoder(net.perturb(x))), atol=1e-5)
+    _, noisy = sto.stobatch_losses(x, y, 0.3, torch.Generator().manual_seed(2))
+    chi3 = net.label_noise.clone()
+    net.label_noise.zero_()
+    _, clean = sto.stobatch_losses(x, y, 0.3, torch.Generator().manual_seed(2))
+    expected = -(chi3 * net.head.weight.t()).sum() / 120
+    assert (noisy - clean).item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-4)

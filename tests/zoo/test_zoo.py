@@ -343,4 +343,5 @@ def test_the_embedded_data_entries_are_shipped():
         "rp1_en5_digits",
         "rp2_en1_digits",
         "rp2_en5_digits",
+        *(f"stobatch_digits_eps{epsilon}" for epsilon in ("05", "2", "8")),
     }

@@ -107,7 +107,7 @@ def main() -> None:
     for pair in args.ckpt:
         name, path = pair.split("=", 1)
         overrides = json.loads(args.overrides)
-        if "targeted" not in name and "untargeted" in name:
+        if name.endswith("untargeted"):
             overrides = {**overrides, "model.init_args.target_class": None}
         entry = build_entry(name, path, overrides)
         (shipped_root() / "zoo" / "entries" / f"{name}.yaml").write_text(entry.to_yaml())

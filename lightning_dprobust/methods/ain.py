@@ -83,6 +83,9 @@ class AIN(ClassifierModule):
         beta_d, beta_m, beta_c, beta_m1, beta_m2, beta_label: loss weights. kappa: floor ``-kappa`` of ``L_c``.
         ifgsm_eps, ifgsm_alpha, ifgsm_steps: the i-FGSM imitation attack (Linf budget, step, iterations).
         lr_decay: per-epoch multiplicative learning-rate decay (0.99 in the thesis).
+        num_classes, input_shape: the data's (linked from the data module by the CLI).
+        mean, std: ignored (linked from the data module): the generator works on ``[0, 1]`` images and the target
+            carries its own normalization.
         **kwargs: see :class:`~lightning_dprobust.methods.base.ClassifierModule` (``optimizer``, ``lr``, ...).
     """
 
@@ -116,14 +119,18 @@ class AIN(ClassifierModule):
         lr_decay: float = 0.99,
         optimizer: Literal["sgd", "adam", "adamw"] = "adam",
         lr: float = 1e-3,
+        num_classes: int = 10,
+        input_shape: Sequence[int] = (1, 8, 8),
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         **kwargs: Any,
     ) -> None:
-        num_classes, input_shape = kwargs.get("num_classes", 10), tuple(kwargs.get("input_shape", (1, 8, 8)))
+        input_shape = tuple(input_shape)
         _check_arguments(target_class, num_classes, initial_bound, decay, decay_rate, decay_step_size, ifgsm_steps)
         generator = AINGenerator(num_classes, input_shape, noise_std=noise_std, **(generator_kwargs or {}))
-        super().__init__(model=generator, optimizer=optimizer, lr=lr, **kwargs)
+        super().__init__(
+            model=generator, num_classes=num_classes, input_shape=input_shape, optimizer=optimizer, lr=lr, **kwargs
+        )
         if isinstance(target, nn.Module):
             self.hparams.pop("target", None)
         self.target = load_public_classifier(target, num_classes, input_shape, owner="AIN(target").requires_grad_(False)

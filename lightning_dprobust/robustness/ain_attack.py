@@ -24,16 +24,17 @@ AIN_CLASS = "lightning_dprobust.methods.ain:AIN"
 
 
 def load_ain_generator(source: str | AINGenerator) -> AINGenerator:
-    """The frozen generator of ``source``: an :class:`AINGenerator`, a ``.ckpt`` written by fitting ``AIN``, or a zoo
-    entry of kind ``attack``. Checkpoints are read with ``weights_only=True``; nothing is imported from them.
+    """The generator of ``source``: an :class:`AINGenerator` (returned as it is), or, frozen, the one of a ``.ckpt``
+    written by fitting ``AIN`` or of a zoo entry of kind ``attack``. Checkpoints are read with ``weights_only=True``;
+    nothing is imported from them.
 
     Raises:
         ValueError: the checkpoint was not written by ``AIN``, or the zoo entry is not of kind ``attack``.
         FileNotFoundError: ``source`` is neither a file nor a zoo entry.
     """
     if isinstance(source, AINGenerator):
-        generator = source
-    elif Path(source).suffix == ".ckpt" or Path(source).exists():
+        return source  # used as it is (the attack runs it without gradients; its layers act the same in any mode)
+    if Path(source).suffix == ".ckpt" or Path(source).exists():
         generator = _from_checkpoint(Path(source))
     else:
         generator = _from_zoo(source)

@@ -115,22 +115,28 @@ class IGAMT(GenerativeDPModule):
         self.save_hyperparameters()
         self.static_groups = tuple(int(g) for g in static_groups)
         self.num_static = static_slots(static_continuous, self.static_groups, num_features)
-        time, static, self.has_mask_critic, self.has_imitator = VARIANTS[variant]
+        self._build_networks()
+        self.ehr_schema: dict[str, Any] | None = None
+        self.iteration = 0
+
+    def _build_networks(self) -> None:
+        """Enc, Dec (body + last layer), Dec_i, G and the critics of ``variant``."""
+        hp = self.hparams
+        time, static, self.has_mask_critic, self.has_imitator = VARIANTS[hp.variant]
         static = static and self.num_static > 0
-        sizes = (d_model, heads, d_ff, layers)
+        num_features, d_model, critic_hidden = hp.num_features, hp.d_model, hp.critic_hidden
+        sizes = (d_model, hp.heads, hp.d_ff, hp.layers)
 
         def embedding() -> StepEmbedding:
-            return StepEmbedding(num_features, d_model, max_steps, self.num_static, time, static)
+            return StepEmbedding(num_features, d_model, hp.max_steps, self.num_static, time, static)
 
         self.encoder = EHREncoder(embedding(), *sizes)
         self.decoder = EHRDecoder(DecoderBody(embedding(), *sizes), OutputHeads(d_model, num_features))
         self.imitator = DecoderBody(embedding(), *sizes) if self.has_imitator else None
-        self.generator = Generator(noise_size, d_model, critic_hidden)
+        self.generator = Generator(hp.noise_size, d_model, critic_hidden)
         self.critic_x = SequenceCritic(num_features, critic_hidden)
         self.critic_z = LatentCritic(d_model, critic_hidden)
         self.critic_m = SequenceCritic(num_features, critic_hidden) if self.has_mask_critic else None
-        self.ehr_schema: dict[str, Any] | None = None
-        self.iteration = 0
 
     # ------------------------------------------------------------------------------------------- components
     def component_modules(self) -> dict[str, list[nn.Module]]:

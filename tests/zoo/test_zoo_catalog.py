@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import math
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 from opacus.accountants.analysis import rdp as opacus_rdp
 
 from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, DEFAULT_RDP_ORDERS
+from lightning_dprobust.methods.generative_base import GenerativeDPModule
 from lightning_dprobust.models import create_model, list_models
 from lightning_dprobust.models.timm_models import is_timm_model
 from lightning_dprobust.recipes import Recipe
@@ -40,6 +42,17 @@ META_PERMITTED = META_REQUIRED | {
     "classifier",
 }
 PRIVACY = {"epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps"}
+
+
+GENERATORS = [name for name in NAMES if RAW[name].get("kind") == "generator"]
+"""Released EHR synthesizers: tested in tests/zoo/test_zoo_generators.py, and here for what they share."""
+NOT_GENERATORS = [name for name in NAMES if name not in GENERATORS]
+GENERATOR_RELEASES = {"IGAMT": (2, 1), "EHRVAE": (2, 0)}
+"""Private releases per iteration of a generator recipe: every iteration (encoder, decoder), plus one (the joint
+critics' step) on the iterations of the critic schedule."""
+
+
+GENERATIVE_ACCOUNTANT = inspect.signature(GenerativeDPModule).parameters["accountant"].default
 
 
 def shipped() -> list[str]:
@@ -66,7 +79,8 @@ def test_keys_name_and_status(name):
     assert entry.get("kind", "classifier") in ("classifier", "denoiser", "attack", "generator")
     assert entry["name"] == name
     arch, tag = re.fullmatch(r"([a-z0-9_]+)\.([a-z0-9_]+)", name).groups()
-    assert arch in list_models() or is_timm_model(arch), f"{arch} is neither registered nor a timm architecture"
+    generator = name in GENERATORS  # its arch names the method; the model is the method's released artifact
+    assert generator or arch in list_models() or is_timm_model(arch), f"{arch} is neither registered nor timm"
     assert entry["model"]["name"] in (arch, f"timm/{arch}")
     meta = entry["meta"]
     assert META_REQUIRED <= set(meta) <= META_PERMITTED
@@ -75,11 +89,11 @@ def test_keys_name_and_status(name):
         assert entry["url"] is entry["file"] is entry["sha256"] is None
         assert "target_metrics" in meta and isinstance(meta["target_citation"], str) and meta["target_citation"]
     else:
-        assert meta["metrics"] and all(0.0 <= value <= 1.0 for value in meta["metrics"].values())
+        assert meta["metrics"] and (generator or all(0.0 <= value <= 1.0 for value in meta["metrics"].values()))
         assert re.fullmatch(r"[0-9a-f]{40}", meta["recipe"]["commit"])
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NOT_GENERATORS)
 def test_num_params_and_preprocessing_match_the_built_model(name):
     entry = RAW[name]
     model = create_model(entry["model"]["name"], **entry["model"]["kwargs"])
@@ -120,7 +134,7 @@ def test_kind_specific_meta(name):
         assert all(value is not None for value in privacy.values())
 
 
-@pytest.mark.parametrize("name", [name for name in NAMES if RAW[name]["meta"]["privacy"]] or ["none"])
+@pytest.mark.parametrize("name", [name for name in NOT_GENERATORS if RAW[name]["meta"]["privacy"]] or ["none"])
 def test_the_epsilon_tag_is_kept(name):
     if name == "none":
         pytest.skip("no private entry")
@@ -164,6 +178,21 @@ def test_shipped_epsilon_matches_opacus_rdp_analysis(name):
     rdp = opacus_rdp.compute_rdp(
         q=privacy["sample_rate"], noise_multiplier=privacy["noise_multiplier"], steps=privacy["steps"], orders=orders
     )
+    if name in GENERATORS:  # one event per iteration at sigma / sqrt(K), K the private releases of the iteration
+        init = recipe_config(Zoo(ZOO).info(name))[0]["model"]["init_args"]
+        always, critics = GENERATOR_RELEASES[RAW[name]["meta"]["method"]]
+        releases = [
+            always + critics * (t % init["critic_freq_base"] < init["critic_freq_hit"]) for t in range(privacy["steps"])
+        ]
+        rdp = sum(
+            opacus_rdp.compute_rdp(
+                q=privacy["sample_rate"],
+                noise_multiplier=privacy["noise_multiplier"] / math.sqrt(k),
+                steps=1,
+                orders=orders,
+            )
+            for k in releases
+        )
     epsilon, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=privacy["delta"])
     assert privacy["epsilon"] == pytest.approx(epsilon, rel=1e-4)
 
@@ -173,7 +202,7 @@ def _data_module(config: dict):
     return getattr(importlib.import_module(module_path), class_name)(**config["data"].get("init_args", {}))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NOT_GENERATORS)
 def test_the_recipe_config_builds_the_entry_model_on_its_dataset(name):
     entry = RAW[name]
     path = ROOT / entry["meta"]["recipe"]["config"]
@@ -247,7 +276,9 @@ def _residual_perturbation_view(init: dict, kwargs: dict) -> tuple[dict, dict]:
 def test_published_reference_values():
     """Parameter counts known independently of our code: Bu et al.'s 26,010 for the MNIST tanh CNN and the closed
     form of a two-hidden-layer MLP."""
-    by_setup = {(RAW[n]["model"]["name"], tuple(RAW[n]["model"]["kwargs"]["input_shape"])): RAW[n] for n in NAMES}
+    by_setup = {
+        (RAW[n]["model"]["name"], tuple(RAW[n]["model"]["kwargs"]["input_shape"])): RAW[n] for n in NOT_GENERATORS
+    }
     assert by_setup[("cnn_tanh", (1, 28, 28))]["meta"]["num_params"] == 26_010
     for entry in RAW.values():
         if entry["model"]["name"] == "mlp_tanh":
@@ -268,11 +299,15 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
         assert config.get("dp") is None and privacy["accountant"] == "laplace"
         assert privacy["epsilon"] == pytest.approx(config["model"]["init_args"]["epsilon"], rel=1e-9)
         return
-    assert (config.get("dp") is not None) == (privacy is not None)
+    if name in GENERATORS:  # a generative module holds its own DP arguments
+        args = config["model"]["init_args"] if config["model"]["init_args"].get("noise_multiplier") else None
+    else:
+        args = Recipe(config).dp if config.get("dp") is not None else None
+    assert (args is not None) == (privacy is not None)
     if privacy is not None:
-        args = Recipe(config).dp
         assert privacy["delta"] == args["delta"] and privacy["max_grad_norm"] == args["max_grad_norm"]
-        assert privacy["accountant"] == args.get("accountant", DEFAULT_ACCOUNTANT)
+        default = GENERATIVE_ACCOUNTANT if name in GENERATORS else DEFAULT_ACCOUNTANT
+        assert privacy["accountant"] == args.get("accountant", default)
         if args.get("noise_multiplier", args.get("xi_up")) is not None:  # TransDenoiser records xi_up per step
             assert privacy["noise_multiplier"] == args.get("noise_multiplier", args.get("xi_up"))
         if args.get("target_epsilon") is not None and privacy["epsilon"] is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import tempfile
 import time
 import warnings
 
@@ -45,7 +46,9 @@ MODES = {"targeted": TARGET_CLASS, "untargeted": None}
 
 
 def _trainer(epochs: int, **kwargs) -> L.Trainer:
+    """A quiet CPU trainer writing into a scratch folder (AIN's example images included)."""
     return L.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="ain-digits-"),
         max_epochs=epochs,
         accelerator="cpu",
         logger=False,

@@ -9,6 +9,8 @@ from lightning_dprobust.models import create_model, dp_incompatibilities, list_m
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 DENOISERS = {"dncnn_gn"}
+GENERATORS = {"ain_generator"}
+"""Attack generators: they map (images, labels, bound) to images."""
 
 # Hand-derived parameter counts for 10 classes (weights + biases):
 #   1x28x28: Papernot et al. 2020 / DP-CERT / DP-Adv specs: 1,040 + 8,224 + 16,416 + 330 = 26,010.
@@ -29,8 +31,9 @@ NOT_PER_EXAMPLE = {"stobatch_cnn"}
 def test_every_registered_model_builds_and_runs(name: str, shape: tuple[int, int, int]) -> None:
     torch.manual_seed(0)
     model = create_model(name, num_classes=7, input_shape=shape)
-    logits = model(torch.rand(3, *shape))
-    assert logits.shape == ((3, *shape) if name in DENOISERS else (3, 7))  # a denoiser maps images to images
+    images = torch.rand(3, *shape)
+    logits = model.net(images, torch.arange(3), 0.1) if name in GENERATORS else model(images)
+    assert logits.shape == ((3, *shape) if name in DENOISERS | GENERATORS else (3, 7))  # images to images
     assert torch.isfinite(logits).all()
     if name in NOT_PER_EXAMPLE:
         return

@@ -40,6 +40,7 @@ def _parser() -> CommandParser:
     add("--steps", type=int, default=None, help="temporal steps per patient (default: the model's max_steps)")
     add("--seed", type=int, default=None, help="seed of the synthesis draws (default: fresh entropy)")
     add("--batch_size", type=int, default=256, help="patients synthesized at once (default: 256)")
+    add("--mask", choices=("bernoulli", "threshold"), default="bernoulli", help="masks to observations (see assemble)")
     return parser
 
 
@@ -79,9 +80,8 @@ def synthesize_command(argv: Sequence[str]) -> None:
         generator.seed()
     else:
         generator.manual_seed(args.seed)
-    parts = [
-        release.sample(min(args.batch_size, args.n - i), steps, generator) for i in range(0, args.n, args.batch_size)
-    ]
+    sizes = [min(args.batch_size, args.n - i) for i in range(0, args.n, args.batch_size)]
+    parts = [release.sample(size, steps, generator, args.mask) for size in sizes]
     x, m = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     rows = write_long_csv(x, m, release, Path(args.out))
     print(f"wrote {args.n} synthetic patients ({rows} observed values) to {args.out}")

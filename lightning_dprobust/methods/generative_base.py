@@ -47,7 +47,7 @@ from lightning_dprobust.callbacks.dp_checks import check_trainer
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import resolve_delta
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
-from lightning_dprobust.core.accounting import ACCOUNTANTS, PrivacyLedger, epsilon_for
+from lightning_dprobust.core.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
 from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like
 
 CLIP_MODES = ("per_example", "batch")
@@ -71,7 +71,7 @@ class GenerativeDPModule(L.LightningModule):
         max_grad_norm: the clipping bound ``C``.
         clip_mode: ``"per_example"`` (DP-SGD, the default) or ``"batch"`` (the thesis; nominal epsilon only).
         delta: the delta of the guarantee; default ``1 / (10 n)`` rounded down to a power of ten.
-        accountant: ``"pld"``, ``"rdp"``, ``"prv"`` or ``"gdp"`` (see ``core/accounting.py``).
+        accountant: ``"pld"`` (default, as ``DPCallback``), ``"rdp"``, ``"prv"`` or ``"gdp"`` (``core/accounting.py``).
         sample_rate: Poisson inclusion probability; default ``batch_size * world_size / n``.
         dp_seed: fix the masks and the noise (reproducibility mode, warned); ``None`` draws a secret root per fit.
         max_physical_batch_size: per-example gradient chunk size (memory bound).
@@ -84,7 +84,7 @@ class GenerativeDPModule(L.LightningModule):
         max_grad_norm: float = 1.0,
         clip_mode: str = "per_example",
         delta: float | None = None,
-        accountant: str = "rdp",
+        accountant: str = DEFAULT_ACCOUNTANT,
         sample_rate: float | None = None,
         dp_seed: int | None = None,
         max_physical_batch_size: int | None = None,
@@ -106,7 +106,7 @@ class GenerativeDPModule(L.LightningModule):
         self._releases = 0
         self.randomness = DPRandomness(dp_seed)
         self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=True)
-        self._clippers: dict[str, PerExampleClipper] = {}
+        self._clippers: dict[tuple[str, str], PerExampleClipper] = {}
         self._raw_optimizers: list[torch.optim.Optimizer] | None = None
         self._pending: tuple[str, dict[str, Tensor]] | None = None
 
@@ -236,7 +236,7 @@ class GenerativeDPModule(L.LightningModule):
             mean = _all_reduce(_gradients(losses.mean(), params), mean=True)
             grads, scale = _clip_total(mean, self.max_grad_norm), 1.0
         else:
-            clipper = self._clippers.get(component) or self._build_clipper(component, loss, params)
+            clipper = self._clippers.get((component, loss)) or self._build_clipper(component, loss, params)
             clipped = clipper(batch)
             grads, losses = _all_reduce(clipped.grads, mean=False), clipped.losses
             scale = 1.0 / (self.loaders.sample_rate * self.loaders.num_examples)
@@ -248,7 +248,7 @@ class GenerativeDPModule(L.LightningModule):
         clipper = PerExampleClipper(
             self, loss, self.max_grad_norm, self.max_physical_batch_size, parameter_names=tuple(params)
         )
-        self._clippers[component] = clipper
+        self._clippers[component, loss] = clipper
         return clipper
 
     def _noise(self, grads: Mapping[str, Tensor]) -> dict[str, Tensor]:

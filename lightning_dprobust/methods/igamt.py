@@ -115,22 +115,28 @@ class IGAMT(GenerativeDPModule):
         self.save_hyperparameters()
         self.static_groups = tuple(int(g) for g in static_groups)
         self.num_static = static_slots(static_continuous, self.static_groups, num_features)
-        time, static, self.has_mask_critic, self.has_imitator = VARIANTS[variant]
+        self._build_networks()
+        self.ehr_schema: dict[str, Any] | None = None
+        self.iteration = 0
+
+    def _build_networks(self) -> None:
+        """Enc, Dec (body + last layer), Dec_i, G and the critics of ``variant``."""
+        hp = self.hparams
+        time, static, self.has_mask_critic, self.has_imitator = VARIANTS[hp.variant]
         static = static and self.num_static > 0
-        sizes = (d_model, heads, d_ff, layers)
+        num_features, d_model, critic_hidden = hp.num_features, hp.d_model, hp.critic_hidden
+        sizes = (d_model, hp.heads, hp.d_ff, hp.layers)
 
         def embedding() -> StepEmbedding:
-            return StepEmbedding(num_features, d_model, max_steps, self.num_static, time, static)
+            return StepEmbedding(num_features, d_model, hp.max_steps, self.num_static, time, static)
 
         self.encoder = EHREncoder(embedding(), *sizes)
         self.decoder = EHRDecoder(DecoderBody(embedding(), *sizes), OutputHeads(d_model, num_features))
         self.imitator = DecoderBody(embedding(), *sizes) if self.has_imitator else None
-        self.generator = Generator(noise_size, d_model, critic_hidden)
+        self.generator = Generator(hp.noise_size, d_model, critic_hidden)
         self.critic_x = SequenceCritic(num_features, critic_hidden)
         self.critic_z = LatentCritic(d_model, critic_hidden)
         self.critic_m = SequenceCritic(num_features, critic_hidden) if self.has_mask_critic else None
-        self.ehr_schema: dict[str, Any] | None = None
-        self.iteration = 0
 
     # ------------------------------------------------------------------------------------------- components
     def component_modules(self) -> dict[str, list[nn.Module]]:
@@ -302,7 +308,9 @@ class IGAMT(GenerativeDPModule):
         return release.to(self.device)
 
     @torch.no_grad()
-    def synthesize(self, n: int, steps: int | None = None, generator: torch.Generator | None = None):
+    def synthesize(
+        self, n: int, steps: int | None = None, generator: torch.Generator | None = None, mask: str = "bernoulli"
+    ) -> tuple[Tensor, Tensor]:
         """``n`` records from the module itself (same draws and order as :meth:`ReleasedSynthesizer.sample`)."""
         hp = self.hparams
         steps = hp.max_steps if steps is None else steps
@@ -310,7 +318,8 @@ class IGAMT(GenerativeDPModule):
         start_x, start_m = sample_start(n, hp.num_features, hp.static_continuous, self.static_groups, generator)
         body = self.imitator if self.imitator is not None else self.decoder.body
         z = self.generator(noise)
-        return assemble(*self.synthesize_with(body, z, start_x.to(self.device), start_m.to(self.device), steps))
+        x, m = self.synthesize_with(body, z, start_x.to(self.device), start_m.to(self.device), steps)
+        return assemble(x, m, generator, mask)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()

@@ -56,11 +56,12 @@ class ReleasedSynthesizer(nn.Module):
 
     @torch.no_grad()
     def sample(
-        self, n: int, steps: int | None = None, generator: torch.Generator | None = None
+        self, n: int, steps: int | None = None, generator: torch.Generator | None = None, mask: str = "bernoulli"
     ) -> tuple[Tensor, Tensor]:
-        """``n`` synthetic records ``(x, m)`` ``[n, 1 + steps, F]``: ``m`` thresholded at 1/2, ``x`` 0 where missing.
+        """``n`` synthetic records ``(x, m)`` ``[n, 1 + steps, F]``, ``m`` in {0, 1}, ``x`` 0 where missing.
 
-        Draws ``s ~ N(0, I)`` first, then the start steps, both from ``generator`` (thesis 4.7 steps 1-5).
+        Draws ``s ~ N(0, I)``, then the start steps, then the masks (:func:`assemble`), all from ``generator``
+        (thesis 4.7 steps 1-5).
         """
         c = self.config
         steps = c["max_steps"] if steps is None else steps
@@ -70,7 +71,8 @@ class ReleasedSynthesizer(nn.Module):
         noise = torch.randn(n, c["noise_size"], generator=generator).to(device)
         start_x, start_m = sample_start(n, c["num_features"], c["static_continuous"], c["static_groups"], generator)
         z = self.generator(noise)
-        return assemble(*generate(self.body, self.last, z, start_x.to(device), start_m.to(device), steps))
+        x, m = generate(self.body, self.last, z, start_x.to(device), start_m.to(device), steps)
+        return assemble(x, m, generator, mask)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the artifact (plain tensors and data only)."""
@@ -88,7 +90,23 @@ class ReleasedSynthesizer(nn.Module):
         return release
 
 
-def assemble(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
-    """Thesis 4.7 step 5: mark missing values from the masks (``m > 1/2`` observed, ``x = 0`` elsewhere)."""
-    observed = (m > 0.5).to(x.dtype)
+MASK_MODES = ("bernoulli", "threshold")
+
+
+def assemble(
+    x: Tensor, m: Tensor, generator: torch.Generator | None = None, mask: str = "bernoulli"
+) -> tuple[Tensor, Tensor]:
+    """Thesis 4.7 step 5: mark missing values from the masks; ``x = 0`` where missing.
+
+    ``mask="bernoulli"`` (default) reads the mask head as the probability of an observation and draws each entry
+    (from ``generator``, on the CPU), so a feature observed with probability 0.3 is observed about 30 % of the time;
+    ``"threshold"`` observes where ``m > 1/2`` (deterministic: it cannot reproduce a missing rate between 0 and 1/2
+    for entries the model is unsure about).
+    """
+    if mask not in MASK_MODES:
+        raise ValueError(f"mask must be one of {MASK_MODES}, got {mask!r}")
+    if mask == "threshold":
+        observed = (m > 0.5).to(x.dtype)
+    else:
+        observed = (torch.rand(m.shape, generator=generator) < m.detach().cpu()).to(device=x.device, dtype=x.dtype)
     return x * observed, observed

@@ -121,7 +121,7 @@ def test_noise_comes_from_the_secret_root_not_the_global_rng():
 
 
 def test_one_event_per_iteration_at_sigma_over_sqrt_k():
-    module = ready(ToyGAN(private=("critic", "generator"), noise_multiplier=1.5, dp_seed=1))
+    module = ready(ToyGAN(private=("critic", "generator"), noise_multiplier=1.5, dp_seed=1, accountant="rdp"))
     module._releases = 3
     module.record_iteration()
     module.record_iteration()  # no release: nothing recorded
@@ -134,7 +134,7 @@ def test_one_event_per_iteration_at_sigma_over_sqrt_k():
 
 
 def test_batch_clipping_is_only_nominal():
-    module = ready(ToyGAN(noise_multiplier=1.0, clip_mode="batch", dp_seed=1))
+    module = ready(ToyGAN(noise_multiplier=1.0, clip_mode="batch", dp_seed=1, accountant="rdp"))
     module.delta = 1e-5
     module._private_gradients(
         "critic", "critic_loss", module.component_parameters()["critic"], (torch.randn(4, 4), torch.randn(4, 2))

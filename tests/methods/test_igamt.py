@@ -178,7 +178,7 @@ def test_released_artifact_is_g_imitator_and_last_layer_and_synthesizes_alone(tm
 
 
 def test_fit_accounts_every_iteration_at_sigma_over_sqrt_k(tmp_path):
-    module = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2, critic_freq_hit=1)
+    module = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2, critic_freq_hit=1, accountant="rdp")
     trainer = quiet_trainer(tmp_path, max_epochs=1)
     trainer.fit(module, EHRData(n=16, batch_size=4))
     assert module.iteration == 4 and module.loaders.sample_rate == 0.25

@@ -99,3 +99,15 @@ def test_too_long_sequences_are_refused():
     x, m = ehr_batch(steps=T + 1)
     with pytest.raises(ValueError, match="exceed the model's max_steps"):
         decoder()(x, m, torch.randn(3, D))
+
+
+def test_masks_become_observations_by_bernoulli_draws_or_threshold():
+    from lightning_dprobust.models.ehr_release import assemble
+
+    x, m = torch.rand(200, 10, 5), torch.full((200, 10, 5), 0.3)
+    xb, mb = assemble(x, m, torch.Generator().manual_seed(0))
+    assert abs(float(mb.mean()) - 0.3) < 0.02 and torch.equal(xb, x * mb)
+    xt, mt = assemble(x, m, mask="threshold")
+    assert float(mt.sum()) == 0 and float(xt.abs().sum()) == 0
+    with pytest.raises(ValueError, match="mask must be one of"):
+        assemble(x, m, mask="sample")

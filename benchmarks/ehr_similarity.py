@@ -3,7 +3,7 @@
 Every model is trained with DP (``strict_dp`` wiring: noise on every component that reads real data, one ledger) on
 the shortened data of ``make demo-ehr`` (:data:`~lightning_dprobust.demo_ehr.SMALL_DATA`: 750 training records of 12
 steps, 9 features, expected batch 64, 3 epochs, delta 1e-5, max_grad_norm 1.0, the configs' model sizes), then
-synthesizes as many records as the test split holds (200) from its released artifact alone (masks: m > 1/2).
+synthesizes as many records as the test split holds (200) from its released artifact alone (``--mask``).
 Reported per model, as mean +- sample std over the seeds: overall and per-feature (#0, #4, #7; 3 k-means clusters
 each) Minkowski (p = 2, lower is closer) and cosine (around the real mean, higher is closer) against the real test
 split, and epsilon (rdp).
@@ -35,8 +35,9 @@ from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
 
 ABLATIONS = ("w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var")
 MODELS = tuple(BASELINES) + tuple(f"igamt_{a}" for a in ABLATIONS) + ("igamt",)
-MASK = "threshold"
-"""How the synthetic masks are read off the mask head: observed where ``m > 1/2`` (the README's table)."""
+MASKS = ("threshold", "bernoulli")
+"""How the synthetic masks are read off the mask head (``--mask``): observed where ``m > 1/2`` (default, the README's
+first table) or drawn with probability ``m`` (``ReleasedSynthesizer.sample``'s default)."""
 REFERENCE = "real_train"
 """Not a model: 200 real training records (records 200 s .. 200 s + 199 for seed s), the scale of a perfect one."""
 COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
@@ -54,7 +55,7 @@ def build(model: str, sigma: float, seed: int) -> L.LightningModule:
     return IGAMT(variant=variant, **common)
 
 
-def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3) -> dict[str, float]:
+def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3, mask: str = "threshold") -> dict[str, float]:
     if model == REFERENCE:
         return reference_score(seed)
     L.seed_everything(seed, verbose=False)
@@ -70,7 +71,7 @@ def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3) -> dic
         limit_val_batches=0,
     )
     trainer.fit(module, data)
-    report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed, mask=MASK)
+    report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed, mask=mask)
     return {**{key: report[key] for key in COLUMNS}, "epsilon": module.epsilon()}
 
 
@@ -102,6 +103,7 @@ def main() -> None:
     parser.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 0.5, 2.0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=(*MODELS, REFERENCE))
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--mask", default=MASKS[0], choices=MASKS, help="how masks are read (default m > 1/2)")
     parser.add_argument("--out", default="runs/ehr_similarity.json", help="per-seed numbers (JSON)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", ".*(reproducibility mode|LeafSpec|does not have many workers|self.log).*")
@@ -110,7 +112,8 @@ def main() -> None:
     for sigma in args.sigmas:
         for model in args.models if sigma == args.sigmas[0] else ["igamt"]:
             label = f"{model}@{sigma:g}"
-            results[label] = sweep(partial(train_and_score, model, sigma, epochs=args.epochs), args.seeds, label)
+            run = partial(train_and_score, model, sigma, epochs=args.epochs, mask=args.mask)
+            results[label] = sweep(run, args.seeds, label)
             saved = {key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()}
             out.write_text(json.dumps(saved, indent=1))
     print(table(results))

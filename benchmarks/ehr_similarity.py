@@ -3,15 +3,16 @@
 Every model is trained with DP (``strict_dp`` wiring: noise on every component that reads real data, one ledger) on
 the shortened data of ``make demo-ehr`` (:data:`~lightning_dprobust.demo_ehr.SMALL_DATA`: 750 training records of 12
 steps, 9 features, expected batch 64, 3 epochs, delta 1e-5, max_grad_norm 1.0, the configs' model sizes), then
-synthesizes as many records as the test split holds (200) from its released artifact alone. Reported per model, as
-mean +- sample std over the seeds: overall and per-feature (#0, #4, #7; 3 k-means clusters each) Minkowski (p = 2,
-lower is closer) and cosine (around the real mean, higher is closer) against the real test split, and epsilon.
+synthesizes as many records as the test split holds (200) from its released artifact alone (``--mask``).
+Reported per model, as mean +- sample std over the seeds: overall and per-feature (#0, #4, #7; 3 k-means clusters
+each) Minkowski (p = 2, lower is closer) and cosine (around the real mean, higher is closer) against the real test
+split, and epsilon (rdp).
 
 A seed sets the model initialization, the public draws, the DP noise and the Poisson masks (reproducibility mode) and
 the k-means seed; the data and its split are the same for every seed.
 
 Usage: ``python benchmarks/ehr_similarity.py [--seeds 0 1 2] [--sigmas 1.0 0.5 2.0] [--epochs 3] [--out FILE]``
-(the extra sigmas run IGAMT alone).
+(the extra sigmas run IGAMT alone); ``--models real_train --sigmas 1`` scores real training records instead.
 """
 
 from __future__ import annotations
@@ -29,10 +30,16 @@ from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.demo_ehr import SMALL_DATA
 from lightning_dprobust.methods.ehr_baselines import BASELINES
 from lightning_dprobust.methods.igamt import IGAMT
+from lightning_dprobust.metrics.synthetic import similarity_report
 from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
 
 ABLATIONS = ("w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var")
 MODELS = tuple(BASELINES) + tuple(f"igamt_{a}" for a in ABLATIONS) + ("igamt",)
+MASKS = ("threshold", "bernoulli")
+"""How the synthetic masks are read off the mask head (``--mask``): observed where ``m > 1/2`` (default, the README's
+first table) or drawn with probability ``m`` (``ReleasedSynthesizer.sample``'s default)."""
+REFERENCE = "real_train"
+"""Not a model: 200 real training records (records 200 s .. 200 s + 199 for seed s), the scale of a perfect one."""
 COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
     f"synthetic/feature_{f}/{metric}" for f in (0, 4, 7) for metric in ("minkowski", "cosine")
 )
@@ -41,13 +48,16 @@ COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
 def build(model: str, sigma: float, seed: int) -> L.LightningModule:
     """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma``, delta 1e-5, DP draws seeded by ``seed``."""
     common = {"max_steps": SMALL_DATA["num_steps"], "noise_multiplier": sigma, "delta": 1e-5, "dp_seed": seed}
+    common["accountant"] = "rdp"
     if model in BASELINES:
         return BASELINES[model](**common)
     variant = model.removeprefix("igamt_") if model != "igamt" else "igamt"
     return IGAMT(variant=variant, **common)
 
 
-def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3) -> dict[str, float]:
+def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3, mask: str = "threshold") -> dict[str, float]:
+    if model == REFERENCE:
+        return reference_score(seed)
     L.seed_everything(seed, verbose=False)
     module = build(model, sigma, seed)
     data = EHRDataModule(**SMALL_DATA)
@@ -61,8 +71,18 @@ def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3) -> dic
         limit_val_batches=0,
     )
     trainer.fit(module, data)
-    report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed)
+    report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed, mask=mask)
     return {**{key: report[key] for key in COLUMNS}, "epsilon": module.epsilon()}
+
+
+def reference_score(seed: int) -> dict[str, float]:
+    """The :data:`REFERENCE` row: real training records scored like a synthetic set (k-means seed ``seed``)."""
+    data = EHRDataModule(**SMALL_DATA)
+    data.setup("fit")
+    data.setup("test")
+    x, m = (tensor[200 * seed : 200 * (seed + 1)] for tensor in data.train_set.tensors)
+    report = similarity_report(data.test_set.tensors, (x, m), seed=seed)
+    return {**{key: report[key] for key in COLUMNS}, "epsilon": float("inf")}
 
 
 def table(results: dict[str, Sweep]) -> str:
@@ -81,8 +101,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 0.5, 2.0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=(*MODELS, REFERENCE))
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--mask", default=MASKS[0], choices=MASKS, help="how masks are read (default m > 1/2)")
     parser.add_argument("--out", default="runs/ehr_similarity.json", help="per-seed numbers (JSON)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", ".*(reproducibility mode|LeafSpec|does not have many workers|self.log).*")
@@ -91,7 +112,8 @@ def main() -> None:
     for sigma in args.sigmas:
         for model in args.models if sigma == args.sigmas[0] else ["igamt"]:
             label = f"{model}@{sigma:g}"
-            results[label] = sweep(partial(train_and_score, model, sigma, epochs=args.epochs), args.seeds, label)
+            run = partial(train_and_score, model, sigma, epochs=args.epochs, mask=args.mask)
+            results[label] = sweep(run, args.seeds, label)
             saved = {key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()}
             out.write_text(json.dumps(saved, indent=1))
     print(table(results))

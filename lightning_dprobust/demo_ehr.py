@@ -65,11 +65,11 @@ def _print_summary(module, report: Mapping[str, float], names, images, trained: 
     print(f"overall:      Minkowski {report['synthetic/minkowski']:.4f} (lower is closer), cosine "
           f"{report['synthetic/cosine']:.4f} (higher is closer), 3 k-means clusters, real test split")  # fmt: skip
     for feature, name in zip(DEFAULT_FEATURES, names, strict=True):
-        print(f"feature #{feature} {name + ':':<14} Minkowski {report[f'synthetic/feature_{feature}/minkowski']:.4f}, "
+        print(f"#{feature} {name + ':':<16}Minkowski {report[f'synthetic/feature_{feature}/minkowski']:.4f}, "
               f"cosine {report[f'synthetic/feature_{feature}/cosine']:.4f}")  # fmt: skip
     print(f"time:         {trained:.0f} s training, {total - trained:.0f} s synthesis and evaluation")
     for name, path in images.items():
-        print(f"{name + ':':<14}{path}")
+        print(f"{name + ':':<19} {path}")
 
 
 if __name__ == "__main__":

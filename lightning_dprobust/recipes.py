@@ -50,11 +50,14 @@ _EXPECTED_WARNINGS = ".*(does not have many workers|no `val_dataloader`|LeafSpec
 
 
 class DProbustCLI(LightningCLI):
-    """LightningCLI whose model and data are any :class:`ClassifierModule` / :class:`ImageDataModule` subclass.
+    """LightningCLI whose model and data are any LightningModule / LightningDataModule subclass: the classifiers
+    (:class:`ClassifierModule` on an :class:`ImageDataModule`) and the generative models (IGAMT and its baselines on
+    the EHR data module, which carry their DP arguments themselves).
 
-    The data module's ``num_classes``, ``input_shape``, ``mean`` and ``std`` are linked into the model, so a config
-    names the dataset once; the optional ``dp`` group is a :class:`DPCallback` added to the trainer, and a
-    :class:`~lightning_dprobust.callbacks.guard.TrainingGuard` stops training at a non-finite loss or weight.
+    For classifiers, the data module's ``num_classes``, ``input_shape``, ``mean`` and ``std`` are linked into the
+    model, so a config names the dataset once; the optional ``dp`` group is a :class:`DPCallback` added to the
+    trainer, and a :class:`~lightning_dprobust.callbacks.guard.TrainingGuard` stops training at a non-finite loss or
+    weight.
     Checkpoints are written atomically (:class:`AtomicCheckpointIO`); ``--ckpt_path`` is read with
     ``weights_only=True`` before Lightning touches it; ``config.yaml`` is written once training starts and never over
     another run's (:class:`~lightning_dprobust.callbacks.run.SaveConfigOnce`); ``fit`` ends with one summary line

@@ -23,6 +23,7 @@ def run_lightning(args: Sequence[str]) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         warnings.filterwarnings("ignore", message=".*LeafSpec")  # a deprecation inside Lightning, on every fit
+        warnings.filterwarnings("ignore", message=".*no `validation_step`")  # generative modules validate nothing
         DProbustCLI(args=args)
 
 

@@ -104,9 +104,9 @@ def _linf_attacks(requested: list[str]) -> list[str]:
     from lightning_dprobust.robustness.attacks import L2_ATTACKS
 
     names = _attack_names(requested)
-    if unbounded := [name for name in names if name in L2_ATTACKS or name == "CW"]:
+    if unbounded := [name for name in names if name in L2_ATTACKS or name in ("CW", "AIN")]:
         raise ValueError(
-            f"--attack {', '.join(unbounded)}: not an l_inf attack of size --mu-a, so no l_inf certificate covers it; "
+            f"--attack {', '.join(unbounded)}: not a gradient l_inf attack of size --mu-a that this command crafts; "
             "choose FGSM, PGD, BIM, MIM or AutoAttack"
         )
     return names
@@ -205,7 +205,7 @@ def _adversarial(model: nn.Module, name: str, mu: float, x: Tensor, y: Tensor, a
     from lightning_dprobust.robustness.attacks import attack_guard
     from lightning_dprobust.robustness.randomness import AttackRandomness, attack_seed
 
-    crafting = argparse.Namespace(steps=args.steps, seed=args.seed, eps=mu)
+    crafting = argparse.Namespace(steps=args.steps, seed=args.seed, eps=mu, ain=None)
     attack, device = _build_attack(name, model, crafting, classes), next(model.parameters()).device
     attack.set_device(device)
     stream, parts = AttackRandomness(attack_seed(args.seed, f"{name}@{mu:g}")), []

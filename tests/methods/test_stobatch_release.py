@@ -43,6 +43,13 @@ def test_state_dict_holds_no_noise_and_the_checkpoint_keeps_it(tmp_path):
     checkpoint = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=True)
     assert leaked(checkpoint["state_dict"]) == []
     assert torch.equal(checkpoint["stobatch_noise"]["hidden_noise"], sto.net.hidden_noise)
+    private = StoBatch.load_from_checkpoint(
+        trainer.checkpoint_callback.best_model_path, inference_noise="training_draw"
+    )
+    assert all(torch.equal(getattr(private.net, name), getattr(sto.net, name)) for name in SECRET)
+    x = torch.rand(8, 1, 8, 8)
+    sto.net.inference_noise = "training_draw"
+    assert torch.equal(private.eval()(x), sto.eval()(x))  # the paper's inference from the private checkpoint
 
 
 def twins() -> tuple[StoBatch, StoBatch, torch.Tensor]:

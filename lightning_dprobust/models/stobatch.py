@@ -147,6 +147,11 @@ class StoBatchNet(nn.Module):
         """
         if self.uses_draw:
             return self.head(self.body(h_bar))
+        if len(h_bar) < 2:
+            raise ValueError(
+                f"a released StoBatch network classifies batches of at least 2 examples (its first normalization reads "
+                f"the batch's statistics), got {len(h_bar)}; batch the inputs"
+            )
         norm = self.body[1]
         flat = F.batch_norm(self.body[0](h_bar), None, None, norm.weight, norm.bias, training=True, eps=norm.eps)
         return self.head(self.body[2:](flat))

@@ -91,6 +91,8 @@ def test_training_draw_mode_needs_the_draw_and_modes_are_checked():
     bare = StoBatchNet(num_classes=10, input_shape=(1, 8, 8), inference_noise="training_draw").eval()
     with pytest.raises(RuntimeError, match="holds none"):
         bare(torch.rand(4, 1, 8, 8))
+    with pytest.raises(ValueError, match="at least 2 examples"):
+        StoBatchNet(num_classes=10, input_shape=(1, 8, 8)).eval()(torch.rand(1, 1, 8, 8))
     for build in (
         lambda: module(inference_noise="paper"),
         lambda: StoBatchNet(num_classes=10, input_shape=(1, 8, 8), inference_noise="x"),

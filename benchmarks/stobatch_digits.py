@@ -5,8 +5,9 @@ StoBatch's noise and batches are secret, so they differ in every run) trains ``c
 DP-SGD and DP-Adv digits recipes with ``dp.target_epsilon`` set to ``--epsilon`` (default 2; StoBatch's epsilon is
 pure DP, delta 0, the others' at delta 1e-5), then attacks each on the test split with BIM (I-FGSM), MIFGSM (MIM)
 and PGD, l_inf, 10 steps, at each ``--eps`` (pixel units; 0.1 and 0.2 are 0.2 and 0.4 in the paper's [-1, 1] scale).
-StoBatch is attacked and evaluated through its forward pass with the training draw of its noise (the limit of the
-paper's Monte-Carlo prediction). Prints a markdown table of mean +- sample standard deviation over the seeds. Usage:
+StoBatch is attacked and evaluated as released (``inference_noise="released"``: no offset for the secret training
+draw of its noise, the first normalization on the batch's statistics). Prints a markdown table of mean +- sample
+standard deviation over the seeds. Usage:
 ``python benchmarks/stobatch_digits.py [--seeds 0 1 2] [--epsilon 2] [--eps 0.1 0.2]``.
 """
 

@@ -26,6 +26,9 @@ SOURCES = ("stobatch.autoencoder", "stobatch.inputs", "stobatch.hidden", "stobat
 """Ledger names of the four Laplace releases of Theorem 4: ``epsilon1``, ``epsilon1/gamma_x``, ``epsilon1/gamma``,
 ``epsilon2``."""
 
+NOISE_BUFFERS = ("input_noise", "hidden_noise", "label_noise")
+"""The network's buffers that hold the secret noise draw (``chi1 / m``, ``2 chi2 / m``, ``chi3``)."""
+
 
 class FixedPairSampler(Sampler[list[int]]):
     """Yields, for every step, the ``m`` indices of the benign batch followed by the ``m`` of the adversarial-source
@@ -63,8 +66,9 @@ class StoBatch(ClassifierModule):
     Laplace releases. It assumes: one noise draw, the same disjoint batches in every epoch, inputs and ``h`` in
     ``[-1, 1]``, ``h_pi`` in ``[-1, 1]``, and the paper's accounting (``Delta_x = 1``; the ``epsilon1 3 beta /
     Delta_R`` cost of the ``theta1`` gradient dropped as negligible; one ``chi2`` shared by all coordinates; each
-    feature map of the first layer counted separately), see spec section 15 item 9. The noise sits in the released
-    weights because inference uses the training draw (Appendix N).
+    feature map of the first layer counted separately), see spec section 15 item 9. The guarantee needs the noise
+    draw to stay secret: it is never in the network's ``state_dict`` (what a release ships); training checkpoints
+    (``.ckpt``) keep it, with the fixed batches, so that a resume draws nothing; they are secret training state.
 
     Args:
         epsilon: total budget ``epsilon`` of Theorem 4.
@@ -72,6 +76,10 @@ class StoBatch(ClassifierModule):
         batch_size: ``m``, the size of each fixed batch (the data module's ``batch_size`` is not used in training).
         xi: weight of the adversarial loss (Eq. 9).
         psi: shrink of the fresh inference noise (Appendix N).
+        inference_noise: ``"released"`` (eval with a zero offset in place of the draw and the first normalization on
+            the batch's statistics: what the released weights give) or ``"training_draw"`` (the paper's Appendix N,
+            reusing the secret draw of a private checkpoint), see
+            :class:`~lightning_dprobust.models.stobatch.StoBatchNet`.
         attack_steps: ``T_mu`` of the training attacks (step ``mu_t / T_mu``).
         mu_max: largest training attack size in the paper's ``[-1, 1]`` units (``mu_max / 2`` in pixel units).
         theta1_bound: ``Delta_h``.
@@ -90,6 +98,7 @@ class StoBatch(ClassifierModule):
         batch_size: int = 120,
         xi: float = 1.0,
         psi: float = 2.0,
+        inference_noise: str = "released",
         attack_steps: int = 10,
         mu_max: float = 1.0,
         theta1_bound: float = 1.0,
@@ -102,10 +111,13 @@ class StoBatch(ClassifierModule):
         **kwargs: Any,
     ) -> None:
         _check_arguments(batch_size, xi, psi, attack_steps, mu_max, theta1_bound, reconstruction)
+        if inference_noise not in ("released", "training_draw"):
+            raise ValueError(f"inference_noise={inference_noise!r} must be 'released' or 'training_draw'")
         for fixed in ("model", "mean", "std"):  # the network and its [-1, 1] mapping are StoBatch's own
             kwargs.pop(fixed, None)
         super().__init__(model="stobatch_cnn", model_kwargs=model_kwargs, optimizer=optimizer, lr=lr, **kwargs)
         net = self.net
+        net.inference_noise = inference_noise
         self.delta_r = sb.reconstruction_sensitivity(net.patch_size, net.neurons)
         self.delta_l2 = sb.label_sensitivity(net.head.in_features)
         self.gamma_x = sb.gamma_x(self.delta_r, batch_size)
@@ -240,10 +252,11 @@ class StoBatch(ClassifierModule):
     def pixeldp_scores(self, x: Tensor, n: int, generator: torch.Generator) -> Tensor:
         """``[n, B, K]`` composed scores ``p_x * p_h`` (Eq. 11, Corollary 1, Appendix N) for ``x`` in ``[0, 1]``.
 
-        Draw ``t``: ``p_x`` = softmax with fresh input noise ``Lap(Delta_R / (m epsilon1 psi))`` on top of the training
-        draw and the hidden noise held at its training draw; ``p_h`` = softmax with fresh hidden noise
-        ``Lap(2 Delta_R / (m epsilon1 psi))`` and the input noise held. Fresh noise comes from ``generator`` only and
-        never touches the buffers. Call in eval mode.
+        Draw ``t``: ``p_x`` = softmax with fresh input noise ``Lap(Delta_R / (m epsilon1 psi))`` on top of the offset
+        and the hidden noise held at its offset; ``p_h`` = softmax with fresh hidden noise
+        ``Lap(2 Delta_R / (m epsilon1 psi))`` and the input noise held. The offset is the training draw under
+        ``inference_noise="training_draw"`` and zero under ``"released"`` (fresh noise only). Fresh noise comes from
+        ``generator`` only and never touches the buffers. Call in eval mode.
         """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n={n!r} must be an int >= 1 (the Monte-Carlo draws)")
@@ -277,10 +290,19 @@ class StoBatch(ClassifierModule):
         checkpoint["privacy_ledger"] = self.ledger.state_dict()
         checkpoint["stobatch_randomness"] = self.randomness.state_dict()
         checkpoint["stobatch_batches"] = self.batches
+        if bool(self.net.noise_drawn):  # secret training state: the checkpoint, never the weights
+            checkpoint["stobatch_noise"] = {name: getattr(self.net, name).cpu() for name in NOISE_BUFFERS}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the ledger and the fixed batches (a resume serves the same batches and draws nothing)."""
+        """Restore the ledger, the noise draw and the fixed batches (a resume serves the same batches and draws
+        nothing). A checkpoint that held the draw in its ``state_dict`` is read too, and the draw moved out of it."""
         super().on_load_checkpoint(checkpoint)
+        state = checkpoint.get("state_dict", {})
+        legacy = {name: state.pop(f"model.net.{name}") for name in NOISE_BUFFERS if f"model.net.{name}" in state}
+        state.pop("model.net.noise_drawn", None)
+        noise = checkpoint.get("stobatch_noise", legacy)
+        if noise and not bool(self.net.noise_drawn):
+            self.net.set_noise(*(noise[name] for name in NOISE_BUFFERS))
         if "privacy_ledger" in checkpoint:
             self.ledger.load_state_dict(checkpoint["privacy_ledger"])
         self.randomness.load_state_dict(checkpoint.get("stobatch_randomness", {}))

@@ -1,20 +1,24 @@
 """The StoBatch network: a DP auto-encoder layer ``theta1`` with fixed Laplace noise, then the classifier ``theta2``.
 
 Phan et al., ICML 2020 (https://arxiv.org/abs/1903.09822), Alg. 1 line 3: ``f`` has hidden layers
-``{h_1 + 2 chi2 / m, ..., h_pi}`` and reads inputs ``x + chi1 / m``. The noise is drawn once and kept in buffers, so
-checkpoints and released weights carry it: inference reuses the training draw (Appendix N). The privacy arithmetic
-(scales, budget, drawing) lives in :mod:`lightning_dprobust.core.stobatch` and the StoBatch method.
+``{h_1 + 2 chi2 / m, ..., h_pi}`` and reads inputs ``x + chi1 / m``. The noise is drawn once and kept in
+non-persistent buffers: it is secret training state, never in the network's ``state_dict`` (so never in released
+weights); the StoBatch method keeps it in its private training checkpoints. The privacy arithmetic (scales, budget,
+drawing) lives in :mod:`lightning_dprobust.core.stobatch` and the StoBatch method.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_dprobust.models.registry import register_model
+
+InferenceNoise = Literal["released", "training_draw"]
 
 
 class StoBatchNet(nn.Module):
@@ -29,7 +33,17 @@ class StoBatchNet(nn.Module):
     Images come in ``[0, 1]`` (DESIGN.md contract 1) and are mapped to the paper's ``[-1, 1]`` inside.
 
     Buffers: ``input_noise = chi1 / m`` (input shape), ``hidden_noise = 2 chi2 / m`` (the first-layer map) and
-    ``label_noise = chi3`` (``[hidden, num_classes]``, the batch-sum scale), set once by :meth:`set_noise`.
+    ``label_noise = chi3`` (``[hidden, num_classes]``, the batch-sum scale), set once by :meth:`set_noise`. They are
+    non-persistent: ``state_dict()`` (a release) never holds them, because whoever knows the draw can strip it from
+    the perturbed objective and the pure-DP guarantee of the weights is void.
+
+    Inference noise (``inference_noise``): in training mode the draw always applies (it is the training objective).
+    In eval mode, ``"released"`` (default) uses a zero offset in place of the draw, so predictions depend on the
+    released weights only; fresh noise is added by the caller (PixelDP scores). The network was trained on inputs
+    and hidden maps shifted by the draw: the hidden shift ``-2 chi2 / m`` is a constant per element, which the first
+    normalization removes when it reads the batch's statistics (:meth:`classify`); the input shift ``-chi1 / m`` stays
+    (a distribution shift that costs some accuracy). ``"training_draw"`` reuses the draw as the paper's inference does
+    (Appendix N); only sound while the draw stays secret (a private checkpoint, never a release).
 
     Args:
         num_classes: ``K``.
@@ -38,6 +52,7 @@ class StoBatchNet(nn.Module):
         kernel_size, stride, padding: geometry of ``theta1``; ``d = C k^2`` and ``beta`` = one map's size.
         body_channels: channels of the 3x3 convolution of ``theta2``.
         hidden: ``|h_pi|``.
+        inference_noise: ``"released"`` or ``"training_draw"`` (above).
 
     Shape:
         Input ``[B, C, H, W]`` in ``[0, 1]``; output ``[B, num_classes]`` logits.
@@ -54,8 +69,12 @@ class StoBatchNet(nn.Module):
         padding: int = 1,
         body_channels: int = 32,
         hidden: int = 64,
+        inference_noise: InferenceNoise = "released",
     ) -> None:
         super().__init__()
+        if inference_noise not in ("released", "training_draw"):
+            raise ValueError(f"inference_noise={inference_noise!r} must be 'released' or 'training_draw'")
+        self.inference_noise = inference_noise
         c, height, width = input_shape
         self.input_shape = tuple(input_shape)
         self.encoder = nn.Conv2d(c, channels, kernel_size, stride, padding, bias=False)
@@ -73,10 +92,10 @@ class StoBatchNet(nn.Module):
         self.head = nn.Linear(hidden, num_classes, bias=False)
         self.patch_size = c * kernel_size**2
         self.neurons = self.map_shape[1] * self.map_shape[2]
-        self.register_buffer("input_noise", torch.zeros(input_shape))
-        self.register_buffer("hidden_noise", torch.zeros(self.map_shape))
-        self.register_buffer("label_noise", torch.zeros(hidden, num_classes))
-        self.register_buffer("noise_drawn", torch.tensor(False))
+        self.register_buffer("input_noise", torch.zeros(input_shape), persistent=False)
+        self.register_buffer("hidden_noise", torch.zeros(self.map_shape), persistent=False)
+        self.register_buffer("label_noise", torch.zeros(hidden, num_classes), persistent=False)
+        self.register_buffer("noise_drawn", torch.tensor(False), persistent=False)
 
     @torch.no_grad()
     def set_noise(self, input_noise: Tensor, hidden_noise: Tensor, label_noise: Tensor) -> None:
@@ -92,18 +111,50 @@ class StoBatchNet(nn.Module):
         self.label_noise.copy_(label_noise)
         self.noise_drawn.fill_(True)
 
+    @property
+    def uses_draw(self) -> bool:
+        """Whether the draw is added: in training mode (zero before :meth:`set_noise`), in eval mode only for
+        ``"training_draw"``, which needs a network holding its draw."""
+        if self.training:
+            return True
+        if self.inference_noise == "released":
+            return False
+        if not bool(self.noise_drawn):
+            raise RuntimeError(
+                "inference_noise='training_draw' needs the training draw, and this StoBatch network holds none "
+                "(released weights never do): load a private training checkpoint or use inference_noise='released'"
+            )
+        return True
+
     def perturb(self, x: Tensor) -> Tensor:
-        """``x_bar = (2 x - 1) + chi1 / m``: the perturbed input in the paper's scale."""
-        return 2 * x - 1 + self.input_noise
+        """``x_bar = (2 x - 1) + chi1 / m`` (offset 0 when :attr:`uses_draw` is false), in the paper's scale."""
+        return 2 * x - 1 + self.input_noise if self.uses_draw else 2 * x - 1
 
     def hidden(self, x_bar: Tensor, extra_noise: Tensor | None = None) -> Tensor:
-        """``h_bar = tanh(theta1 * x_bar) + 2 chi2 / m`` (+ ``extra_noise``, the fresh inference draws)."""
-        h = torch.tanh(self.encoder(x_bar)) + self.hidden_noise
+        """``h_bar = tanh(theta1 * x_bar) + 2 chi2 / m`` (offset 0 when :attr:`uses_draw` is false), plus
+        ``extra_noise`` (the fresh inference draws)."""
+        h = torch.tanh(self.encoder(x_bar))
+        h = h + self.hidden_noise if self.uses_draw else h
         return h if extra_noise is None else h + extra_noise
 
     def classify(self, h_bar: Tensor) -> Tensor:
-        """``theta2``: logits from the perturbed first hidden layer."""
-        return self.head(self.body(h_bar))
+        """``theta2``: logits from the perturbed first hidden layer.
+
+        Without the draw (``"released"`` in eval mode) the first normalization uses the statistics of the batch being
+        classified instead of the running ones: the running mean holds the training offset ``2 chi2 / m``, which the
+        batch mean removes exactly as in training. The running statistics are left untouched. Predictions then depend
+        on the batch (at least 2 examples).
+        """
+        if self.uses_draw:
+            return self.head(self.body(h_bar))
+        if len(h_bar) < 2:
+            raise ValueError(
+                f"a released StoBatch network classifies batches of at least 2 examples (its first normalization reads "
+                f"the batch's statistics), got {len(h_bar)}; batch the inputs"
+            )
+        norm = self.body[1]
+        flat = F.batch_norm(self.body[0](h_bar), None, None, norm.weight, norm.bias, training=True, eps=norm.eps)
+        return self.head(self.body[2:](flat))
 
     def last_hidden(self, h_bar: Tensor) -> Tensor:
         """``h_pi`` in ``[-1, 1]``."""
@@ -117,7 +168,8 @@ class StoBatchNet(nn.Module):
         return F.pad(out, (0, width - out.shape[-1], 0, height - out.shape[-2]))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Logits with the training draw of the noise (the ``n -> infinity`` limit of Appendix N's estimate)."""
+        """Logits without fresh noise: with the training draw (``"training_draw"``, the ``n -> infinity`` limit of
+        Appendix N's estimate) or with a zero offset (``"released"``)."""
         return self.classify(self.hidden(self.perturb(x)))
 
 

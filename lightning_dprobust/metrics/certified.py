@@ -5,6 +5,10 @@ Definitions from Cohen, Rosenfeld and Kolter (2019), https://arxiv.org/abs/1902.
 et al. (2020), "MACER", https://arxiv.org/abs/2001.02378 (average certified radius, ACR: the mean over examples of the
 certified radius when the prediction is correct and 0 otherwise). Inputs are the outputs of
 :meth:`lightning_dprobust.core.smoothing.Smooth.certify`; an abstention (prediction ``-1``) is never correct.
+
+PixelDP certificates (Lecuyer et al. 2019; Phan et al. 2020, Sec. 4) plug in as they are: their radius is an l_inf
+radius, there is no abstention, and "correct and radius >= mu_a" is Algorithm 3's certified accuracy at attack size
+``mu_a`` (see :func:`lightning_dprobust.robustness.pixeldp.pixeldp_metrics`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Robust accuracy under an attack is the fraction of examples still classified correctly after the attack perturbed
 them within its budget, as reported by Madry et al. (2018), https://arxiv.org/abs/1706.06083. The metric only counts;
-producing the adversarial inputs is the attack's job.
+producing the adversarial inputs is the attack's job. Fed the predictions of a PixelDP classifier on attacked inputs it
+is the "conventional accuracy" of Lecuyer et al. (2019) and Phan et al. (2020).
 """
 
 from __future__ import annotations

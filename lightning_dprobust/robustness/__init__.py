@@ -1,4 +1,5 @@
-"""Robustness: the adversarial attack suite, robust accuracy, SmoothAdv, and per-example robustness metrics.
+"""Robustness: the adversarial attack suite, robust accuracy, SmoothAdv, per-example robustness metrics, and PixelDP
+certified inference.
 
 Submodules are imported on first use (``from lightning_dprobust.robustness import build_attack`` works), so that
 importing the package, e.g. for the ``dprobust`` subcommands, does not load torchattacks.
@@ -22,6 +23,9 @@ _EXPORTS = {
     "input_gradient_norm": "per_sample",
     "input_hessian_top_eigenvalue": "per_sample",
     "local_lipschitz": "per_sample",
+    "PixelDPMechanism": "pixeldp",
+    "certify_pixeldp": "pixeldp",
+    "pixeldp_metrics": "pixeldp",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,10 +22,11 @@ import tempfile
 import warnings
 
 from seeds import Sweep, add_seed_arguments, run_or_load, seeded_config
+from torch import Tensor
 
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
-from lightning_dprobust.robustness.pixeldp import certify_pixeldp, pixeldp_metrics
+from lightning_dprobust.robustness.pixeldp import PixelDPMechanism, certify_pixeldp, pixeldp_metrics
 from lightning_dprobust.robustness.reports import markdown_table
 
 METHODS = {"stobatch": "StoBatch", "dpsgd": "DP-SGD", "dpadv": "DP-Adv (PGD-Linf 0.1)"}
@@ -34,7 +35,8 @@ CONDITIONS = ("paper", "strict")
 
 
 def evaluate(method: str, seed: int, args: argparse.Namespace, root: str) -> dict[str, float]:
-    """Train ``method``'s digits recipe at ``args.epsilon`` with ``seed``; its epsilon, clean and attacked accuracy."""
+    """Train ``method``'s digits recipe at ``args.epsilon`` with ``seed``; its epsilon, clean and attacked accuracy,
+    and for StoBatch its PixelDP certificates (:func:`certified`)."""
     overrides = [
         "--trainer.logger=false",
         "--trainer.enable_progress_bar=false",
@@ -53,7 +55,9 @@ def evaluate(method: str, seed: int, args: argparse.Namespace, root: str) -> dic
     return metrics | (certified(module, test_set.tensors, seed, args) if method == "stobatch" else {})
 
 
-def certified(module, data: tuple, seed: int, args: argparse.Namespace) -> dict[str, float]:
+def certified(
+    module: PixelDPMechanism, data: tuple[Tensor, Tensor], seed: int, args: argparse.Namespace
+) -> dict[str, float]:
     """PixelDP certified accuracy at each ``args.eps`` and mean radius of ``module`` on ``data``, per condition.
 
     Both conditions use the same ``args.n`` draws (same ``seed``); ``strict`` divides the radius by the module's
@@ -111,6 +115,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000, help="PixelDP draws per test example (default: 2000)")
     add_seed_arguments(parser)
     args = parser.parse_args()
+    if args.n < 1:
+        parser.error(f"--n must be an integer >= 1 (PixelDP draws per example), got {args.n}")
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as root:

@@ -6,9 +6,12 @@ DP-SGD and DP-Adv digits recipes with ``dp.target_epsilon`` set to ``--epsilon``
 pure DP, delta 0, the others' at delta 1e-5), then attacks each on the test split with BIM (I-FGSM), MIFGSM (MIM)
 and PGD, l_inf, 10 steps, at each ``--eps`` (pixel units; 0.1 and 0.2 are 0.2 and 0.4 in the paper's [-1, 1] scale).
 StoBatch is attacked and evaluated as released (``inference_noise="released"``: no offset for the secret training
-draw of its noise, the first normalization on the batch's statistics). Prints a markdown table of mean +- sample
-standard deviation over the seeds. Usage:
-``python benchmarks/stobatch_digits.py [--seeds 0 1 2] [--epsilon 2] [--eps 0.1 0.2]``.
+draw of its noise, the first normalization on the batch's statistics). StoBatch is also certified on the clean test
+split by PixelDP verified inference (Phan et al. 2020, Alg. 3: ``--n`` draws, eta 0.05, Clopper-Pearson), under the
+``paper`` and the ``strict`` condition: certified accuracy (correct and radius ``>= mu_a``) at each ``--eps`` and the
+mean certified radius; DP-SGD and DP-Adv inject no inference noise, so they have no PixelDP certificate ("-").
+Prints a markdown table of mean +- sample standard deviation over the seeds. Usage:
+``python benchmarks/stobatch_digits.py [--seeds 0 1 2] [--epsilon 2] [--eps 0.1 0.2] [--n 2000]``.
 """
 
 from __future__ import annotations
@@ -19,17 +22,21 @@ import tempfile
 import warnings
 
 from seeds import Sweep, add_seed_arguments, run_or_load, seeded_config
+from torch import Tensor
 
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
+from lightning_dprobust.robustness.pixeldp import PixelDPMechanism, certify_pixeldp, pixeldp_metrics
 from lightning_dprobust.robustness.reports import markdown_table
 
 METHODS = {"stobatch": "StoBatch", "dpsgd": "DP-SGD", "dpadv": "DP-Adv (PGD-Linf 0.1)"}
 ATTACKS = {"I-FGSM": "BIM", "MIM": "MIFGSM", "PGD": "PGD"}
+CONDITIONS = ("paper", "strict")
 
 
 def evaluate(method: str, seed: int, args: argparse.Namespace, root: str) -> dict[str, float]:
-    """Train ``method``'s digits recipe at ``args.epsilon`` with ``seed``; its epsilon, clean and attacked accuracy."""
+    """Train ``method``'s digits recipe at ``args.epsilon`` with ``seed``; its epsilon, clean and attacked accuracy,
+    and for StoBatch its PixelDP certificates (:func:`certified`)."""
     overrides = [
         "--trainer.logger=false",
         "--trainer.enable_progress_bar=false",
@@ -45,6 +52,24 @@ def evaluate(method: str, seed: int, args: argparse.Namespace, root: str) -> dic
         suite = {label: build_attack(name, module, eps, steps=10) for label, name in ATTACKS.items()}
         accuracies = robust_accuracy(module, test_set.tensors, suite, seed=seed)
         metrics |= {f"{label}@{eps:g}": accuracies[label] for label in ATTACKS}
+    return metrics | (certified(module, test_set.tensors, seed, args) if method == "stobatch" else {})
+
+
+def certified(
+    module: PixelDPMechanism, data: tuple[Tensor, Tensor], seed: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """PixelDP certified accuracy at each ``args.eps`` and mean radius of ``module`` on ``data``, per condition.
+
+    Both conditions use the same ``args.n`` draws (same ``seed``); ``strict`` divides the radius by the module's
+    ``psi`` and spends eta over twice as many Bonferroni hypotheses (see :mod:`lightning_dprobust.core.pixeldp`).
+    """
+    x, y = data
+    metrics = {"radius_scale": module.pixeldp_radius_scale()}
+    for condition in CONDITIONS:
+        cert = certify_pixeldp(module, x, y, n=args.n, eta=0.05, condition=condition, psi=module.hparams.psi, seed=seed)
+        accuracies = pixeldp_metrics(cert, y, mu_a=args.eps)
+        metrics |= {f"cert_{condition}@{eps:g}": accuracies[f"certified_acc@{eps:g}"] for eps in args.eps}
+        metrics[f"radius_{condition}"] = float(cert.radius.mean())
     return metrics
 
 
@@ -57,31 +82,49 @@ def run_seed(seed: int, args: argparse.Namespace, root: str) -> dict[str, float]
 
 def table(result: Sweep, args: argparse.Namespace) -> str:
     columns = [(label, eps) for eps in args.eps for label in ATTACKS]
-    header = ["method", "epsilon", "clean acc (%)", *(f"{label} {eps:g} (%)" for label, eps in columns)]
-    rows = [
-        [
-            name,
-            result.cell(f"{method}/epsilon", digits=3),
-            result.cell(f"{method}/clean", 100),
-            *(result.cell(f"{method}/{label}@{eps:g}", 100) for label, eps in columns),
-        ]
-        for method, name in METHODS.items()
+    certified_columns = [(condition, eps) for eps in args.eps for condition in CONDITIONS]
+    header = [
+        "method",
+        "epsilon",
+        "clean acc (%)",
+        *(f"{label} {eps:g} (%)" for label, eps in columns),
+        *(f"certified {eps:g}, {condition} (%)" for condition, eps in certified_columns),
+        *(f"mean radius, {condition}" for condition in CONDITIONS),
     ]
+    rows = []
+    for method, name in METHODS.items():
+        certified_cells = [
+            *(_cell(result, f"{method}/cert_{condition}@{eps:g}", 100) for condition, eps in certified_columns),
+            *(_cell(result, f"{method}/radius_{condition}", digits=4) for condition in CONDITIONS),
+        ]
+        conventional = [result.cell(f"{method}/{label}@{eps:g}", 100) for label, eps in columns]
+        epsilon = result.cell(f"{method}/epsilon", digits=3)
+        rows.append([name, epsilon, result.cell(f"{method}/clean", 100), *conventional, *certified_cells])
     return markdown_table(header, rows)
+
+
+def _cell(result: Sweep, key: str, scale: float = 1.0, digits: int = 2) -> str:
+    """``result.cell``, or ``"-"`` for a metric the method does not have (no PixelDP certificate)."""
+    return result.cell(key, scale, digits) if key in result.runs[0] else "-"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epsilon", type=float, default=2.0, help="privacy budget of every method (default: 2)")
     parser.add_argument("--eps", type=float, nargs="+", default=[0.1, 0.2], help="l_inf attack sizes, pixel units")
+    parser.add_argument("--n", type=int, default=2000, help="PixelDP draws per test example (default: 2000)")
     add_seed_arguments(parser)
     args = parser.parse_args()
+    if args.n < 1:
+        parser.error(f"--n must be an integer >= 1 (PixelDP draws per example), got {args.n}")
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as root:
         result = run_or_load(lambda seed: run_seed(seed, args, root), args, label="stobatch-digits")
     print(f"\nAccuracy under l_inf attacks (10 steps) on the digits test split; {result.note()}\n")
     print(table(result, args))
+    scales = ", ".join(f"{value:.4g}" for value in result.values("stobatch/radius_scale"))
+    print(f"\nStoBatch pixeldp_radius_scale() per seed (l_inf radius per unit of epsilon_r): {scales}")
 
 
 if __name__ == "__main__":

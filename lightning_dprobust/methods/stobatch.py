@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
@@ -25,6 +25,14 @@ from lightning_dprobust.robustness.stobatch_attacks import ensemble_attack
 SOURCES = ("stobatch.autoencoder", "stobatch.inputs", "stobatch.hidden", "stobatch.labels")
 """Ledger names of the four Laplace releases of Theorem 4: ``epsilon1``, ``epsilon1/gamma_x``, ``epsilon1/gamma``,
 ``epsilon2``."""
+
+BATCH_NORM_CAVEAT = (
+    "StoBatch: the first layer of theta2 normalizes the perturbed hidden layer over the batch (batch statistics in "
+    "training, running statistics in the weights), so one example moves the others' last hidden layer and Lemma 4's "
+    "sensitivity of the label coefficients (2 |h_pi| per example) is not a proven bound: the recorded epsilon is the "
+    "paper's claim, not a guarantee (docs/sharp_edges.md)"
+)
+"""Printed at every fit: the defect of this implementation that keeps its epsilon a claim."""
 
 NOISE_BUFFERS = ("input_noise", "hidden_noise", "label_noise")
 """The network's buffers that hold the secret noise draw (``chi1 / m``, ``2 chi2 / m``, ``chi3``)."""
@@ -182,6 +190,7 @@ class StoBatch(ClassifierModule):
         return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers)
 
     def _record_privacy(self) -> None:
+        rank_zero_warn(BATCH_NORM_CAVEAT)
         releases = (self.epsilon1, self.epsilon1 / self.gamma_x, self.epsilon1 / self.gamma, self.epsilon2)
         for source, epsilon in zip(SOURCES, releases, strict=True):
             self.ledger.record_laplace(source, epsilon)

@@ -25,7 +25,6 @@ critics from public draws: post-processing. The epsilon covers the released arti
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -34,7 +33,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 
 from lightning_dprobust.methods import igamt_losses as losses
-from lightning_dprobust.methods.generative_base import GenerativeDPModule
+from lightning_dprobust.methods.ehr_module import EHRGenerativeModule
 from lightning_dprobust.methods.igamt import _check_batch
 from lightning_dprobust.models.ehr_baselines import CodeEncoder, data_and_mask, gaussian_kl
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
@@ -55,7 +54,7 @@ from lightning_dprobust.models.ehr_transformer import (
 PUBLIC = "generator"
 
 
-class EHRBaseline(GenerativeDPModule):
+class EHRBaseline(EHRGenerativeModule):
     """Shared body of the EHR baselines; a subclass picks its parts through three class attributes.
 
     * ``encoder_kind``: ``None`` (no encoder), ``"variational"`` (Gaussian code, KL to ``N(0, I)``),
@@ -125,8 +124,6 @@ class EHRBaseline(GenerativeDPModule):
         self.critic_x = SequenceCritic(2 * num_features, critic_hidden) if self.data_critic else None
         code_size = noise_size if self.latent_critic == "prior" else d_model
         self.critic_z = LatentCritic(code_size, critic_hidden) if self.latent_critic else None
-        self.ehr_schema: dict[str, Any] | None = None
-        self.iteration = 0
 
     # ------------------------------------------------------------------------------------------- components
     def component_modules(self) -> dict[str, list[nn.Module]]:
@@ -285,23 +282,9 @@ class EHRBaseline(GenerativeDPModule):
         """``n`` records ``(x, m)`` through the released artifact (the only synthesis path)."""
         return self.release().sample(n, steps, generator)
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        schema = getattr(self.trainer.datamodule, "schema", None) if self.trainer.datamodule is not None else None
-        if dataclasses.is_dataclass(schema):
-            self.ehr_schema = dataclasses.asdict(schema)
-
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["ehr_baseline"] = self.name
-        checkpoint["igamt_iteration"] = self.iteration
-        if self.ehr_schema is not None:
-            checkpoint["ehr_schema"] = self.ehr_schema
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.iteration = int(checkpoint.get("igamt_iteration", 0))
-        self.ehr_schema = checkpoint.get("ehr_schema")
 
 
 class EHRVAE(EHRBaseline):

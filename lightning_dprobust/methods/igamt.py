@@ -3,7 +3,6 @@ temporal EHRs with missing values and irregular times (Tang 2021, PhD thesis, Em
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -12,7 +11,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 
 from lightning_dprobust.methods import igamt_losses as losses
-from lightning_dprobust.methods.generative_base import GenerativeDPModule
+from lightning_dprobust.methods.ehr_module import EHRGenerativeModule
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer, assemble
 from lightning_dprobust.models.ehr_transformer import (
     DecoderBody,
@@ -43,7 +42,7 @@ THESIS_LEAK = (
 )
 
 
-class IGAMT(GenerativeDPModule):
+class IGAMT(EHRGenerativeModule):
     """IGAMT on EHR batches ``(x, m)`` ``[B, 1 + T, F]`` (see ``models/ehr_transformer.py`` for the data contract).
 
     Training (thesis Algorithm 1, EDGAMT base): per batch, when ``t % critic_freq_base < critic_freq_hit`` the
@@ -116,8 +115,6 @@ class IGAMT(GenerativeDPModule):
         self.static_groups = tuple(int(g) for g in static_groups)
         self.num_static = static_slots(static_continuous, self.static_groups, num_features)
         self._build_networks()
-        self.ehr_schema: dict[str, Any] | None = None
-        self.iteration = 0
 
     def _build_networks(self) -> None:
         """Enc, Dec (body + last layer), Dec_i, G and the critics of ``variant``."""
@@ -320,23 +317,6 @@ class IGAMT(GenerativeDPModule):
         z = self.generator(noise)
         x, m = self.synthesize_with(body, z, start_x.to(self.device), start_m.to(self.device), steps)
         return assemble(x, m, generator, mask)
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        schema = getattr(self.trainer.datamodule, "schema", None) if self.trainer.datamodule is not None else None
-        if dataclasses.is_dataclass(schema):
-            self.ehr_schema = dataclasses.asdict(schema)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["igamt_iteration"] = self.iteration
-        if self.ehr_schema is not None:
-            checkpoint["ehr_schema"] = self.ehr_schema
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.iteration = int(checkpoint.get("igamt_iteration", 0))
-        self.ehr_schema = checkpoint.get("ehr_schema")
 
 
 def _check_batch(batch: Sequence[Tensor], num_features: int, max_steps: int) -> tuple[Tensor, Tensor]:

@@ -128,3 +128,19 @@ def read_wandb_config_and_summary(run_file) -> tuple[dict, dict]:
         if record.HasField("summary"):
             summary |= _items(record.summary.update)
     return config, summary
+
+
+def run_ranks(script, out_dir, devices: int, *args: str) -> list[dict]:
+    """Run ``python script out_dir devices *args`` (a gloo DDP script that saves ``rank{r}.pt`` per rank) with this
+    checkout on the path; returns the ranks' saved results. Fails with the script's stderr if it exits non-zero."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = os.environ | {"PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(script), str(out_dir), str(devices), *map(str, args)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [torch.load(Path(out_dir) / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]

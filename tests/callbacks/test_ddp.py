@@ -3,30 +3,19 @@ and the epsilon equals the single-process run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import run_ranks
+
 SCRIPT = Path(__file__).with_name("ddp_run.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(out_dir: Path, devices: int, batch_size: int, *extra: str) -> list[dict]:
     out_dir.mkdir()
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out_dir), str(devices), str(batch_size), *extra],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]
+    return run_ranks(SCRIPT, out_dir, devices, batch_size, *extra)
 
 
 @pytest.mark.parametrize(("engine", "clipper"), [("vmap", "PerExampleClipper"), ("ghost", "GhostClipper")])

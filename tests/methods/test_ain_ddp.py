@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import run_ranks
+
 SCRIPT = Path(__file__).with_name("ain_ddp_run.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_two_ranks_share_the_bound_the_controller_and_the_generator(tmp_path):
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), "2"], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    ranks = run_ranks(SCRIPT, tmp_path, 2)
     assert ranks[0]["world_size"] == 2
     torch.testing.assert_close(ranks[0]["generator"], ranks[1]["generator"])  # gradients all-reduced
     torch.testing.assert_close(ranks[0]["target"], ranks[1]["target"])

@@ -3,26 +3,19 @@ replicas, one ledger."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import run_ranks
+
 SCRIPT = Path(__file__).with_name("igamt_ddp_run.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_two_ranks_stay_identical_and_share_the_ledger(tmp_path):
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), "2"], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    ranks = run_ranks(SCRIPT, tmp_path, 2)
     assert ranks[0]["world_size"] == 2
     torch.testing.assert_close(ranks[0]["params"], ranks[1]["params"])  # noise drawn once, sums all-reduced
     assert ranks[0]["ledger"] == ranks[1]["ledger"]

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,7 @@ from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import ResidualPerturbation
 from lightning_dprobust.methods.residual import NOMINAL_SOURCE
 from lightning_dprobust.recipes import Recipe
-from tests.helpers import digits, quiet_trainer
+from tests.helpers import digits, quiet_trainer, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,17 +98,7 @@ def test_cli_fit_checkpoint_reloads_and_resume_keeps_nominal_ledger(tmp_path):
 
 def _launch(out_dir: Path, devices: int, batch_size: int) -> list[dict]:
     out_dir.mkdir()
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    script = Path(__file__).with_name("residual_ddp_run.py")
-    result = subprocess.run(
-        [sys.executable, str(script), str(out_dir), str(devices), str(batch_size)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]
+    return run_ranks(Path(__file__).with_name("residual_ddp_run.py"), out_dir, devices, batch_size)
 
 
 @pytest.mark.slow

@@ -3,26 +3,17 @@ each fixed batch owned by one rank alone, averaged gradients keep the replicas i
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_ranks
 
 
 def _launch(out_dir: Path, devices: int) -> list[dict]:
     out_dir.mkdir()
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    script = Path(__file__).with_name("stobatch_ddp_run.py")
-    result = subprocess.run(
-        [sys.executable, str(script), str(out_dir), str(devices)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]
+    return run_ranks(Path(__file__).with_name("stobatch_ddp_run.py"), out_dir, devices)
 
 
 @pytest.mark.slow

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import run_ranks
+
 SCRIPT = Path(__file__).with_name("transdenoiser_ddp_run.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_two_ranks_share_sigma_bar_replicas_and_ledger(tmp_path):
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(SCRIPT), str(tmp_path), "2", "32"]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    ranks = run_ranks(SCRIPT, tmp_path, 2, 32)
     assert ranks[0]["world_size"] == 2
     torch.testing.assert_close(ranks[0]["denoiser"], ranks[1]["denoiser"])  # noise added once, all-reduced
     torch.testing.assert_close(ranks[0]["classifier"], ranks[1]["classifier"])

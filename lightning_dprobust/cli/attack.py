@@ -59,7 +59,9 @@ def _attack_parser() -> CommandParser:
     return parser
 
 
-def _attack_names(requested: Sequence[str] | None, ain: str | None = None) -> list[str]:
+def attack_names(requested: Sequence[str] | None, ain: str | None = None) -> list[str]:
+    """The attack names of ``--attack`` (``PGD`` by default; ``all``: every attack that needs no extra argument, and
+    AIN when ``--ain`` names a generator), upper-cased, each once; an unknown name is refused with the choices."""
     from lightning_dprobust.robustness.attacks import ATTACKS
 
     names: list[str] = []
@@ -74,7 +76,9 @@ def _attack_names(requested: Sequence[str] | None, ain: str | None = None) -> li
     return names
 
 
-def _build_attack(name: str, model: nn.Module, args: argparse.Namespace, n_classes: int) -> Attack:
+def build_cli_attack(name: str, model: nn.Module, args: argparse.Namespace, n_classes: int) -> Attack:
+    """Attack ``name`` on ``model`` at ``args.eps`` with the command's ``--steps``, ``--ain`` and its own random stream
+    (derived from ``--seed`` and the name), passing only the options the attack accepts."""
     from lightning_dprobust.robustness.attacks import ATTACKS, build_attack
     from lightning_dprobust.robustness.randomness import attack_seed
 
@@ -105,7 +109,7 @@ def attack_command(argv: Sequence[str]) -> None:
     check_common(args)
     require(math.isfinite(args.eps) and args.eps >= 0, "--eps", args.eps, "a finite number >= 0")
     require(args.steps is None or args.steps >= 1, "--steps", args.steps, "an integer >= 1")
-    names, device = _attack_names(args.attack, args.ain), resolve_device(args.device)
+    names, device = attack_names(args.attack, args.ain), resolve_device(args.device)
     require(
         _NEEDS_AIN not in names or args.ain, "--ain", args.ain, "a trained AIN (.ckpt or zoo entry) with --attack AIN"
     )
@@ -115,7 +119,7 @@ def attack_command(argv: Sequence[str]) -> None:
     check_models_fit(models, dataset, num_classes, args.data)
     out, metrics, written = Path(args.out), {}, []
     for label, model in models.items():
-        suite = {name: _build_attack(name, model, args, num_classes) for name in names}
+        suite = {name: build_cli_attack(name, model, args, num_classes) for name in names}
         loader = DataLoader(dataset, batch_size=args.batch_size)
         results = robust_accuracy(model, loader, suite, device=device, max_examples=args.max_examples, seed=args.seed)
         table = format_table(results)

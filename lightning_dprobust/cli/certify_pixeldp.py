@@ -26,7 +26,7 @@ from lightning_dprobust.cli.args import (
     resolve_device,
 )
 from lightning_dprobust.core.pixeldp import BOUNDS, CONDITIONS
-from lightning_dprobust.robustness.certify import _single_label
+from lightning_dprobust.robustness.certify import single_label
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
 
 DEFAULT_N = 1000
@@ -85,7 +85,7 @@ def pixeldp_command(args: argparse.Namespace) -> None:
     check_models_fit(models, dataset, num_classes, args.data)
     indices = list(range(0, len(dataset), args.skip))[: args.max_examples]
     x = torch.stack([dataset[i][0] for i in indices])
-    y = torch.tensor([_single_label(dataset[i][1]) for i in indices])
+    y = torch.tensor([single_label(dataset[i][1]) for i in indices])
     out, metrics, written = Path(args.out), {}, []
     for label, model in models.items():
         rows, summary = _certify_model(model, psi[label], x, y, indices, attacks, args, num_classes)
@@ -100,10 +100,10 @@ def pixeldp_command(args: argparse.Namespace) -> None:
 
 def _linf_attacks(requested: list[str]) -> list[str]:
     """The suite names of ``--attack``; only l_inf attacks with a budget can be certified against a radius."""
-    from lightning_dprobust.cli.attack import _attack_names
+    from lightning_dprobust.cli.attack import attack_names
     from lightning_dprobust.robustness.attacks import L2_ATTACKS
 
-    names = _attack_names(requested)
+    names = attack_names(requested)
     if unbounded := [name for name in names if name in L2_ATTACKS or name in ("CW", "AIN")]:
         raise ValueError(
             f"--attack {', '.join(unbounded)}: not a gradient l_inf attack of size --mu-a that this command crafts; "
@@ -201,12 +201,12 @@ def _settings(args: argparse.Namespace, model: nn.Module, psi: float) -> str:
 
 def _adversarial(model: nn.Module, name: str, mu: float, x: Tensor, y: Tensor, args, classes: int) -> Tensor:
     """Adversarial inputs of size ``mu`` crafted against ``model``'s forward, on the attack's own random stream."""
-    from lightning_dprobust.cli.attack import _build_attack
+    from lightning_dprobust.cli.attack import build_cli_attack
     from lightning_dprobust.robustness.attacks import attack_guard
     from lightning_dprobust.robustness.randomness import AttackRandomness, attack_seed
 
     crafting = argparse.Namespace(steps=args.steps, seed=args.seed, eps=mu, ain=None)
-    attack, device = _build_attack(name, model, crafting, classes), next(model.parameters()).device
+    attack, device = build_cli_attack(name, model, crafting, classes), next(model.parameters()).device
     attack.set_device(device)
     stream, parts = AttackRandomness(attack_seed(args.seed, f"{name}@{mu:g}")), []
     with attack_guard(model):

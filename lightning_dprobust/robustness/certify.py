@@ -88,7 +88,7 @@ def certify_dataset(
     rows = []
     for index in tqdm(indices, desc=desc, disable=not progress, unit="example"):
         image, label = dataset[index][:2]
-        label = _single_label(label)
+        label = single_label(label)
         start = time.perf_counter()
         cert = smooth.certify(image.to(device), n0, n, alpha, batch_size, generator)
         seconds = time.perf_counter() - start
@@ -120,7 +120,8 @@ def _count_logits(model: nn.Module, image: Tensor, device: torch.device) -> int:
         model.train(was_training)
 
 
-def _single_label(label: Any) -> int:
+def single_label(label: Any) -> int:
+    """One integer class label as an ``int``; a multi-element or floating-point label is refused."""
     label = torch.as_tensor(label)
     if label.numel() != 1 or label.is_floating_point():
         raise ValueError(

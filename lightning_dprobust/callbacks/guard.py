@@ -66,3 +66,20 @@ def check_finite(module: torch.nn.Module, what: str) -> None:
     bad = non_finite_parameters(module)
     if bad:
         raise NonFiniteError(f"{what} has non-finite weights ({', '.join(bad[:3])}): it cannot be evaluated")
+
+
+def refuse_checkpoint_upload(trainer: L.Trainer, secret: str) -> None:
+    """Refuses a logger that uploads the run's checkpoints (W&B ``log_model``) when they hold ``secret``.
+
+    A method whose training checkpoints keep secret training state (StoBatch's Laplace draw, needed to resume) calls
+    this at fit start: logs are assumed public (DESIGN.md contract 8), so a checkpoint uploaded with them would void
+    the guarantee for whoever reads the project. The released weights (state dict, zoo files) hold no such state.
+    """
+    for logger in trainer.loggers:
+        upload = getattr(logger, "_log_model", False)
+        if upload:
+            raise ValueError(
+                f"{type(logger).__name__}(log_model={upload!r}) would upload this run's checkpoints, which hold "
+                f"{secret}: set trainer.logger.init_args.log_model: false (keep the checkpoints on this machine and "
+                "release the weights, which hold no secret)"
+            )

@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
+from lightning_dprobust.callbacks.guard import refuse_checkpoint_upload
 from lightning_dprobust.core import stobatch as sb
 from lightning_dprobust.core.accounting import PrivacyLedger
 from lightning_dprobust.core.sampling import derive_seed
@@ -168,7 +169,9 @@ class StoBatch(ClassifierModule):
 
     # ------------------------------------------------------------------------------------------- the privacy layer
     def on_fit_start(self) -> None:
-        """Draw the noise once (secret randomness, the same on every rank) and record the four Laplace releases."""
+        """Draw the noise once (secret randomness, the same on every rank) and record the four Laplace releases.
+        A logger that would upload the checkpoints, which keep the draw, is refused first."""
+        refuse_checkpoint_upload(self.trainer, "the secret Laplace noise draw of StoBatch")
         if not bool(self.net.noise_drawn) or self.batches.numel() == 0:
             self.randomness.next_fit()
             self.randomness.start(self.trainer)

@@ -100,3 +100,16 @@ def test_training_draw_mode_needs_the_draw_and_modes_are_checked():
         with pytest.raises(ValueError, match="inference_noise") as error:
             build()
         assert "\n" not in str(error.value)
+
+
+def test_a_logger_that_uploads_checkpoints_is_refused(tmp_path, monkeypatch):
+    """The training checkpoint keeps the draw; W&B's ``log_model`` would publish it with the logs."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1)
+    trainer.loggers = [WandbLogger(save_dir=tmp_path, log_model="all")]
+    sto = module()
+    with pytest.raises(ValueError, match=r"log_model='all'\) would upload .* secret Laplace noise draw"):
+        trainer.fit(sto, digits())
+    assert not bool(sto.net.noise_drawn)  # refused before anything was drawn

@@ -11,8 +11,12 @@ split, and epsilon (rdp).
 A seed sets the model initialization, the public draws, the DP noise and the Poisson masks (reproducibility mode) and
 the k-means seed; the data and its split are the same for every seed.
 
-Usage: ``python benchmarks/ehr_similarity.py [--seeds 0 1 2] [--sigmas 1.0 0.5 2.0] [--epochs 3] [--out FILE]``
-(the extra sigmas run IGAMT alone); ``--models real_train --sigmas 1`` scores real training records instead.
+Usage: ``python benchmarks/ehr_similarity.py [--seeds 0 1 2] [--sigmas 1.0 0.5 2.0] [--epochs 3] [--out FILE]``.
+The first sigma runs every model of ``--models``, the extra sigmas IGAMT alone: ``--sigmas 0.5`` runs every model at
+sigma 0.5. ``--sigmas none`` trains without DP (no clipping, no noise; epsilon infinite). ``--wiring thesis`` trains
+the IGAMT models with ``strict_dp=False`` (noise on the critics and Dec's last layer only; its epsilon is **nominal**,
+no guarantee); the baselines have one wiring and are refused with it. ``--models real_train --sigmas 1`` scores real
+training records instead.
 """
 
 from __future__ import annotations
@@ -40,26 +44,31 @@ MASKS = ("threshold", "bernoulli")
 first table) or drawn with probability ``m`` (``ReleasedSynthesizer.sample``'s default)."""
 REFERENCE = "real_train"
 """Not a model: 200 real training records (records 200 s .. 200 s + 199 for seed s), the scale of a perfect one."""
+WIRINGS = ("strict", "thesis")
+"""IGAMT's ``strict_dp`` (``True``: noise on every component that reads real data) or the thesis's (``False``)."""
 COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
     f"synthetic/feature_{f}/{metric}" for f in (0, 4, 7) for metric in ("minkowski", "cosine")
 )
 
 
-def build(model: str, sigma: float, seed: int) -> L.LightningModule:
-    """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma``, delta 1e-5, DP draws seeded by ``seed``."""
+def build(model: str, sigma: float | None, seed: int, wiring: str = "strict") -> L.LightningModule:
+    """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma`` (``None``: no DP), delta 1e-5, DP draws
+    seeded by ``seed``; ``wiring`` (:data:`WIRINGS`) sets IGAMT's ``strict_dp``."""
     common = {"max_steps": SMALL_DATA["num_steps"], "noise_multiplier": sigma, "delta": 1e-5, "dp_seed": seed}
     common["accountant"] = "rdp"
     if model in BASELINES:
         return BASELINES[model](**common)
     variant = model.removeprefix("igamt_") if model != "igamt" else "igamt"
-    return IGAMT(variant=variant, **common)
+    return IGAMT(variant=variant, strict_dp=wiring == "strict", **common)
 
 
-def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3, mask: str = "threshold") -> dict[str, float]:
+def train_and_score(
+    model: str, sigma: float | None, seed: int, epochs: int = 3, mask: str = "threshold", wiring: str = "strict"
+) -> dict[str, float]:
     if model == REFERENCE:
         return reference_score(seed)
     L.seed_everything(seed, verbose=False)
-    module = build(model, sigma, seed)
+    module = build(model, sigma, seed, wiring)
     data = EHRDataModule(**SMALL_DATA)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -72,7 +81,8 @@ def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3, mask: 
     )
     trainer.fit(module, data)
     report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed, mask=mask)
-    return {**{key: report[key] for key in COLUMNS}, "epsilon": module.epsilon()}
+    epsilon = module.epsilon() if sigma is not None else float("inf")
+    return {**{key: report[key] for key in COLUMNS}, "epsilon": epsilon}
 
 
 def reference_score(seed: int) -> dict[str, float]:
@@ -97,27 +107,49 @@ def table(results: dict[str, Sweep]) -> str:
     return "\n".join(lines)
 
 
+def parse_sigma(text: str) -> float | None:
+    """A ``--sigmas`` entry: a number >= 0, or ``none`` (no DP)."""
+    if text.lower() == "none":
+        return None
+    sigma = float(text)
+    if not sigma >= 0:
+        raise argparse.ArgumentTypeError(f"a sigma is a number >= 0 or 'none', got {text!r}")
+    return sigma
+
+
+def row_label(model: str, sigma: float | None, wiring: str) -> str:
+    """``model[ (thesis wiring)]@sigma`` (``none`` without DP): a row of :func:`table`."""
+    return f"{model}{' (thesis wiring)' if wiring == 'thesis' else ''}@{'none' if sigma is None else f'{sigma:g}'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
-    parser.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 0.5, 2.0])
+    parser.add_argument("--sigmas", type=parse_sigma, nargs="+", default=[1.0, 0.5, 2.0], help="numbers or none")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=(*MODELS, REFERENCE))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--mask", default=MASKS[0], choices=MASKS, help="how masks are read (default m > 1/2)")
+    parser.add_argument("--wiring", default=WIRINGS[0], choices=WIRINGS, help="IGAMT's strict_dp (default) or not")
     parser.add_argument("--out", default="runs/ehr_similarity.json", help="per-seed numbers (JSON)")
     args = parser.parse_args()
+    if args.wiring == "thesis" and set(args.models) & {*BASELINES, REFERENCE}:
+        parser.error("--wiring thesis applies to the IGAMT models only: pass --models igamt igamt_w/o_imi ...")
     warnings.filterwarnings("ignore", ".*(reproducibility mode|LeafSpec|does not have many workers|self.log).*")
     out, results = Path(args.out), {}
     out.parent.mkdir(parents=True, exist_ok=True)
     for sigma in args.sigmas:
         for model in args.models if sigma == args.sigmas[0] else ["igamt"]:
-            label = f"{model}@{sigma:g}"
-            run = partial(train_and_score, model, sigma, epochs=args.epochs, mask=args.mask)
+            label = row_label(model, sigma, args.wiring)
+            run = partial(train_and_score, model, sigma, epochs=args.epochs, mask=args.mask, wiring=args.wiring)
             results[label] = sweep(run, args.seeds, label)
             saved = {key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()}
             out.write_text(json.dumps(saved, indent=1))
     print(table(results))
-    print(f"\n{next(iter(results.values())).note()}; epsilon: mean over the seeds, at delta 1e-5 (rdp accountant)")
+    nominal = " (nominal: the thesis wiring gives no guarantee)" if args.wiring == "thesis" else ""
+    print(
+        f"\n{next(iter(results.values())).note()}; {args.epochs} epochs; epsilon: mean over the seeds, at delta 1e-5 "
+        f"(rdp accountant){nominal}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ Usage: ``python benchmarks/ehr_similarity.py [--seeds 0 1 2] [--sigmas 1.0 0.5 2
 The first sigma runs every model of ``--models``, the extra sigmas IGAMT alone: ``--sigmas 0.5`` runs every model at
 sigma 0.5. ``--sigmas none`` trains without DP (no clipping, no noise; epsilon infinite). ``--wiring thesis`` trains
 the IGAMT models with ``strict_dp=False`` (noise on the critics and Dec's last layer only; its epsilon is **nominal**,
-no guarantee); the baselines have one wiring and are refused with it. ``--models real_train --sigmas 1`` scores real
-training records instead.
+no guarantee); the baselines have one wiring and are refused with it. ``--via-decoder`` adds, for IGAMT, a row that
+scores the same trained model synthesizing through Dec's own body instead of the imitator Dec_i ({G, Dec, Dec.last};
+a diagnostic, not the thesis's release; DP under ``strict_dp``, which noises all of Dec). ``--models real_train
+--sigmas 1`` scores real training records instead.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from lightning_dprobust.methods.ehr_baselines import BASELINES
 from lightning_dprobust.methods.igamt import IGAMT
 from lightning_dprobust.metrics.synthetic import similarity_report
 from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
+from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
 
 ABLATIONS = ("w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var")
 MODELS = tuple(BASELINES) + tuple(f"igamt_{a}" for a in ABLATIONS) + ("igamt",)
@@ -46,6 +49,8 @@ REFERENCE = "real_train"
 """Not a model: 200 real training records (records 200 s .. 200 s + 199 for seed s), the scale of a perfect one."""
 WIRINGS = ("strict", "thesis")
 """IGAMT's ``strict_dp`` (``True``: noise on every component that reads real data) or the thesis's (``False``)."""
+DECODER = "via_decoder:"
+"""Prefix of the ``--via-decoder`` scores."""
 COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
     f"synthetic/feature_{f}/{metric}" for f in (0, 4, 7) for metric in ("minkowski", "cosine")
 )
@@ -62,8 +67,21 @@ def build(model: str, sigma: float | None, seed: int, wiring: str = "strict") ->
     return IGAMT(variant=variant, strict_dp=wiring == "strict", **common)
 
 
+def decoder_release(module: IGAMT) -> ReleasedSynthesizer:
+    """IGAMT's release with Dec's own body in place of the imitator's: what Dec_i imitates (``--via-decoder``)."""
+    release = module.release()
+    release.body.load_state_dict(module.decoder.body.state_dict())
+    return release
+
+
 def train_and_score(
-    model: str, sigma: float | None, seed: int, epochs: int = 3, mask: str = "threshold", wiring: str = "strict"
+    model: str,
+    sigma: float | None,
+    seed: int,
+    epochs: int = 3,
+    mask: str = "threshold",
+    wiring: str = "strict",
+    via_decoder: bool = False,
 ) -> dict[str, float]:
     if model == REFERENCE:
         return reference_score(seed)
@@ -82,7 +100,22 @@ def train_and_score(
     trainer.fit(module, data)
     report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed, mask=mask)
     epsilon = module.epsilon() if sigma is not None else float("inf")
-    return {**{key: report[key] for key in COLUMNS}, "epsilon": epsilon}
+    scores = {**{key: report[key] for key in COLUMNS}, "epsilon": epsilon}
+    if via_decoder and getattr(module, "imitator", None) is not None:
+        report, _ = evaluate_generator(decoder_release(module), data.test_set.tensors, seed=seed, mask=mask)
+        scores |= {f"{DECODER}{key}": report[key] for key in COLUMNS}
+    return scores
+
+
+def split_decoder_rows(label: str, result: Sweep) -> dict[str, Sweep]:
+    """``result`` and, if it holds ``--via-decoder`` scores, the row of the same runs synthesizing through Dec."""
+    if not any(key.startswith(DECODER) for key in result.runs[0]):
+        return {label: result}
+    model, sigma = label.rsplit("@", 1)
+    own = [{k: v for k, v in run.items() if not k.startswith(DECODER)} for run in result.runs]
+    via = [{k.removeprefix(DECODER): v for k, v in run.items() if k.startswith(DECODER)} for run in result.runs]
+    via = [run | {"epsilon": own_run["epsilon"]} for run, own_run in zip(via, own, strict=True)]
+    return {label: Sweep(result.seeds, own), f"{model} via Dec@{sigma}": Sweep(result.seeds, via)}
 
 
 def reference_score(seed: int) -> dict[str, float]:
@@ -130,6 +163,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--mask", default=MASKS[0], choices=MASKS, help="how masks are read (default m > 1/2)")
     parser.add_argument("--wiring", default=WIRINGS[0], choices=WIRINGS, help="IGAMT's strict_dp (default) or not")
+    parser.add_argument("--via-decoder", action="store_true", help="also score IGAMT synthesizing through Dec")
     parser.add_argument("--out", default="runs/ehr_similarity.json", help="per-seed numbers (JSON)")
     args = parser.parse_args()
     if args.wiring == "thesis" and set(args.models) & {*BASELINES, REFERENCE}:
@@ -140,11 +174,11 @@ def main() -> None:
     for sigma in args.sigmas:
         for model in args.models if sigma == args.sigmas[0] else ["igamt"]:
             label = row_label(model, sigma, args.wiring)
-            run = partial(train_and_score, model, sigma, epochs=args.epochs, mask=args.mask, wiring=args.wiring)
-            results[label] = sweep(run, args.seeds, label)
+            options = {"epochs": args.epochs, "mask": args.mask, "wiring": args.wiring, "via_decoder": args.via_decoder}
+            results[label] = sweep(partial(train_and_score, model, sigma, **options), args.seeds, label)
             saved = {key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()}
             out.write_text(json.dumps(saved, indent=1))
-    print(table(results))
+    print(table({key: row for label, r in results.items() for key, row in split_decoder_rows(label, r).items()}))
     nominal = " (nominal: the thesis wiring gives no guarantee)" if args.wiring == "thesis" else ""
     print(
         f"\n{next(iter(results.values())).note()}; {args.epochs} epochs; epsilon: mean over the seeds, at delta 1e-5 "

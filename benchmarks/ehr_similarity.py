@@ -101,6 +101,8 @@ def train_and_score(
     report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed, mask=mask)
     epsilon = module.epsilon() if sigma is not None else float("inf")
     scores = {**{key: report[key] for key in COLUMNS}, "epsilon": epsilon}
+    if wiring == "thesis" and sigma is not None:
+        scores["nominal_epsilon"] = module.nominal_epsilon()
     if via_decoder and getattr(module, "imitator", None) is not None:
         report, _ = evaluate_generator(decoder_release(module), data.test_set.tensors, seed=seed, mask=mask)
         scores |= {f"{DECODER}{key}": report[key] for key in COLUMNS}
@@ -114,7 +116,8 @@ def split_decoder_rows(label: str, result: Sweep) -> dict[str, Sweep]:
     model, sigma = label.rsplit("@", 1)
     own = [{k: v for k, v in run.items() if not k.startswith(DECODER)} for run in result.runs]
     via = [{k.removeprefix(DECODER): v for k, v in run.items() if k.startswith(DECODER)} for run in result.runs]
-    via = [run | {"epsilon": own_run["epsilon"]} for run, own_run in zip(via, own, strict=True)]
+    epsilons = [{k: v for k, v in run.items() if k.endswith("epsilon")} for run in own]
+    via = [run | epsilon for run, epsilon in zip(via, epsilons, strict=True)]
     return {label: Sweep(result.seeds, own), f"{model} via Dec@{sigma}": Sweep(result.seeds, via)}
 
 
@@ -134,9 +137,11 @@ def table(results: dict[str, Sweep]) -> str:
     lines = [head, "|" + "---|" * 11]
     for label, result in results.items():
         model, sigma = label.rsplit("@", 1)
-        epsilon = result.mean_std("epsilon")[0]
+        epsilon = f"{result.values('epsilon').mean():.2f}"
+        if "nominal_epsilon" in result.runs[0]:
+            epsilon = f"none (nominal {result.values('nominal_epsilon').mean():.2f})"
         cells = [result.cell(key, digits=3) for key in COLUMNS]
-        lines.append(f"| {model} | {sigma} | {epsilon:.2f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {model} | {sigma} | {epsilon} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

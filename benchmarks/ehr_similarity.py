@@ -11,8 +11,14 @@ split, and epsilon (rdp).
 A seed sets the model initialization, the public draws, the DP noise and the Poisson masks (reproducibility mode) and
 the k-means seed; the data and its split are the same for every seed.
 
-Usage: ``python benchmarks/ehr_similarity.py [--seeds 0 1 2] [--sigmas 1.0 0.5 2.0] [--epochs 3] [--out FILE]``
-(the extra sigmas run IGAMT alone); ``--models real_train --sigmas 1`` scores real training records instead.
+Usage: ``python benchmarks/ehr_similarity.py [--seeds 0 1 2] [--sigmas 1.0 0.5 2.0] [--epochs 3] [--out FILE]``.
+The first sigma runs every model of ``--models``, the extra sigmas IGAMT alone: ``--sigmas 0.5`` runs every model at
+sigma 0.5. ``--sigmas none`` trains without DP (no clipping, no noise; epsilon infinite). ``--wiring thesis`` trains
+the IGAMT models with ``strict_dp=False`` (noise on the critics and Dec's last layer only; its epsilon is **nominal**,
+no guarantee); the baselines have one wiring and are refused with it. ``--via-decoder`` adds, for IGAMT, a row that
+scores the same trained model synthesizing through Dec's own body instead of the imitator Dec_i ({G, Dec, Dec.last};
+a diagnostic, not the thesis's release; DP under ``strict_dp``, which noises all of Dec). ``--models real_train
+--sigmas 1`` scores real training records instead.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from lightning_dprobust.methods.ehr_baselines import BASELINES
 from lightning_dprobust.methods.igamt import IGAMT
 from lightning_dprobust.metrics.synthetic import similarity_report
 from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
+from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
 
 ABLATIONS = ("w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var")
 MODELS = tuple(BASELINES) + tuple(f"igamt_{a}" for a in ABLATIONS) + ("igamt",)
@@ -40,26 +47,46 @@ MASKS = ("threshold", "bernoulli")
 first table) or drawn with probability ``m`` (``ReleasedSynthesizer.sample``'s default)."""
 REFERENCE = "real_train"
 """Not a model: 200 real training records (records 200 s .. 200 s + 199 for seed s), the scale of a perfect one."""
+WIRINGS = ("strict", "thesis")
+"""IGAMT's ``strict_dp`` (``True``: noise on every component that reads real data) or the thesis's (``False``)."""
+DECODER = "via_decoder:"
+"""Prefix of the ``--via-decoder`` scores."""
 COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
     f"synthetic/feature_{f}/{metric}" for f in (0, 4, 7) for metric in ("minkowski", "cosine")
 )
 
 
-def build(model: str, sigma: float, seed: int) -> L.LightningModule:
-    """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma``, delta 1e-5, DP draws seeded by ``seed``."""
+def build(model: str, sigma: float | None, seed: int, wiring: str = "strict") -> L.LightningModule:
+    """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma`` (``None``: no DP), delta 1e-5, DP draws
+    seeded by ``seed``; ``wiring`` (:data:`WIRINGS`) sets IGAMT's ``strict_dp``."""
     common = {"max_steps": SMALL_DATA["num_steps"], "noise_multiplier": sigma, "delta": 1e-5, "dp_seed": seed}
     common["accountant"] = "rdp"
     if model in BASELINES:
         return BASELINES[model](**common)
     variant = model.removeprefix("igamt_") if model != "igamt" else "igamt"
-    return IGAMT(variant=variant, **common)
+    return IGAMT(variant=variant, strict_dp=wiring == "strict", **common)
 
 
-def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3, mask: str = "threshold") -> dict[str, float]:
+def decoder_release(module: IGAMT) -> ReleasedSynthesizer:
+    """IGAMT's release with Dec's own body in place of the imitator's: what Dec_i imitates (``--via-decoder``)."""
+    release = module.release()
+    release.body.load_state_dict(module.decoder.body.state_dict())
+    return release
+
+
+def train_and_score(
+    model: str,
+    sigma: float | None,
+    seed: int,
+    epochs: int = 3,
+    mask: str = "threshold",
+    wiring: str = "strict",
+    via_decoder: bool = False,
+) -> dict[str, float]:
     if model == REFERENCE:
         return reference_score(seed)
     L.seed_everything(seed, verbose=False)
-    module = build(model, sigma, seed)
+    module = build(model, sigma, seed, wiring)
     data = EHRDataModule(**SMALL_DATA)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -72,7 +99,26 @@ def train_and_score(model: str, sigma: float, seed: int, epochs: int = 3, mask: 
     )
     trainer.fit(module, data)
     report, _ = evaluate_generator(module.release(), data.test_set.tensors, seed=seed, mask=mask)
-    return {**{key: report[key] for key in COLUMNS}, "epsilon": module.epsilon()}
+    epsilon = module.epsilon() if sigma is not None else float("inf")
+    scores = {**{key: report[key] for key in COLUMNS}, "epsilon": epsilon}
+    if wiring == "thesis" and sigma is not None:
+        scores["nominal_epsilon"] = module.nominal_epsilon()
+    if via_decoder and getattr(module, "imitator", None) is not None:
+        report, _ = evaluate_generator(decoder_release(module), data.test_set.tensors, seed=seed, mask=mask)
+        scores |= {f"{DECODER}{key}": report[key] for key in COLUMNS}
+    return scores
+
+
+def split_decoder_rows(label: str, result: Sweep) -> dict[str, Sweep]:
+    """``result`` and, if it holds ``--via-decoder`` scores, the row of the same runs synthesizing through Dec."""
+    if not any(key.startswith(DECODER) for key in result.runs[0]):
+        return {label: result}
+    model, sigma = label.rsplit("@", 1)
+    own = [{k: v for k, v in run.items() if not k.startswith(DECODER)} for run in result.runs]
+    via = [{k.removeprefix(DECODER): v for k, v in run.items() if k.startswith(DECODER)} for run in result.runs]
+    epsilons = [{k: v for k, v in run.items() if k.endswith("epsilon")} for run in own]
+    via = [run | epsilon for run, epsilon in zip(via, epsilons, strict=True)]
+    return {label: Sweep(result.seeds, own), f"{model} via Dec@{sigma}": Sweep(result.seeds, via)}
 
 
 def reference_score(seed: int) -> dict[str, float]:
@@ -91,33 +137,58 @@ def table(results: dict[str, Sweep]) -> str:
     lines = [head, "|" + "---|" * 11]
     for label, result in results.items():
         model, sigma = label.rsplit("@", 1)
-        epsilon = result.mean_std("epsilon")[0]
+        epsilon = f"{result.values('epsilon').mean():.2f}"
+        if "nominal_epsilon" in result.runs[0]:
+            epsilon = f"none (nominal {result.values('nominal_epsilon').mean():.2f})"
         cells = [result.cell(key, digits=3) for key in COLUMNS]
-        lines.append(f"| {model} | {sigma} | {epsilon:.2f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {model} | {sigma} | {epsilon} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def parse_sigma(text: str) -> float | None:
+    """A ``--sigmas`` entry: a number >= 0, or ``none`` (no DP)."""
+    if text.lower() == "none":
+        return None
+    sigma = float(text)
+    if not sigma >= 0:
+        raise argparse.ArgumentTypeError(f"a sigma is a number >= 0 or 'none', got {text!r}")
+    return sigma
+
+
+def row_label(model: str, sigma: float | None, wiring: str) -> str:
+    """``model[ (thesis wiring)]@sigma`` (``none`` without DP): a row of :func:`table`."""
+    return f"{model}{' (thesis wiring)' if wiring == 'thesis' else ''}@{'none' if sigma is None else f'{sigma:g}'}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
-    parser.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 0.5, 2.0])
+    parser.add_argument("--sigmas", type=parse_sigma, nargs="+", default=[1.0, 0.5, 2.0], help="numbers or none")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=(*MODELS, REFERENCE))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--mask", default=MASKS[0], choices=MASKS, help="how masks are read (default m > 1/2)")
+    parser.add_argument("--wiring", default=WIRINGS[0], choices=WIRINGS, help="IGAMT's strict_dp (default) or not")
+    parser.add_argument("--via-decoder", action="store_true", help="also score IGAMT synthesizing through Dec")
     parser.add_argument("--out", default="runs/ehr_similarity.json", help="per-seed numbers (JSON)")
     args = parser.parse_args()
+    if args.wiring == "thesis" and set(args.models) & {*BASELINES, REFERENCE}:
+        parser.error("--wiring thesis applies to the IGAMT models only: pass --models igamt igamt_w/o_imi ...")
     warnings.filterwarnings("ignore", ".*(reproducibility mode|LeafSpec|does not have many workers|self.log).*")
     out, results = Path(args.out), {}
     out.parent.mkdir(parents=True, exist_ok=True)
     for sigma in args.sigmas:
         for model in args.models if sigma == args.sigmas[0] else ["igamt"]:
-            label = f"{model}@{sigma:g}"
-            run = partial(train_and_score, model, sigma, epochs=args.epochs, mask=args.mask)
-            results[label] = sweep(run, args.seeds, label)
+            label = row_label(model, sigma, args.wiring)
+            options = {"epochs": args.epochs, "mask": args.mask, "wiring": args.wiring, "via_decoder": args.via_decoder}
+            results[label] = sweep(partial(train_and_score, model, sigma, **options), args.seeds, label)
             saved = {key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()}
             out.write_text(json.dumps(saved, indent=1))
-    print(table(results))
-    print(f"\n{next(iter(results.values())).note()}; epsilon: mean over the seeds, at delta 1e-5 (rdp accountant)")
+    print(table({key: row for label, r in results.items() for key, row in split_decoder_rows(label, r).items()}))
+    nominal = " (nominal: the thesis wiring gives no guarantee)" if args.wiring == "thesis" else ""
+    print(
+        f"\n{next(iter(results.values())).note()}; {args.epochs} epochs; epsilon: mean over the seeds, at delta 1e-5 "
+        f"(rdp accountant){nominal}"
+    )
 
 
 if __name__ == "__main__":

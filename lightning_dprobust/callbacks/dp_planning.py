@@ -98,20 +98,24 @@ def steps_within_budget(
     return ledger.steps + extra
 
 
-def resolve_delta(delta: float | None, num_examples: int) -> float:
-    """The given delta (checked ``< 1/n``) or the default ``1/(10 n)``, which must not exceed ``MAX_DEFAULT_DELTA``."""
+def resolve_delta(delta: float | None, num_examples: int, owner: str = "DPCallback") -> float:
+    """The given delta (checked ``< 1/n``) or the default ``1/(10 n)``, which must not exceed ``MAX_DEFAULT_DELTA``.
+
+    ``owner`` names the class whose ``delta`` argument it is (``DPCallback``, or a method that does its own DP) in the
+    error messages.
+    """
     if delta is None:
         delta = default_delta(num_examples)
         if delta > MAX_DEFAULT_DELTA:
             raise MisconfigurationException(
-                f"DPCallback: the training set has only {num_examples} examples, so the default delta 1/(10 n) "
+                f"{owner}: the training set has only {num_examples} examples, so the default delta 1/(10 n) "
                 f"rounded down is {delta:g} > {MAX_DEFAULT_DELTA:g}: a guarantee that fails with such a probability "
-                "is no meaningful guarantee. Train on more examples, or pass DPCallback(delta=...) explicitly, "
+                f"is no meaningful guarantee. Train on more examples, or pass {owner}(delta=...) explicitly, "
                 "well below 1/n"
             )
     elif not delta < 1.0 / num_examples or not math.isfinite(delta):
         raise MisconfigurationException(
-            f"DPCallback(delta={delta}) is >= 1/n = {1.0 / num_examples:.3g}: such a delta allows releasing a whole "
+            f"{owner}(delta={delta}) is >= 1/n = {1.0 / num_examples:.3g}: such a delta allows releasing a whole "
             "example; use delta well below 1/n (default: 1/(10 n) rounded down)"
         )
     return delta

@@ -126,6 +126,9 @@ def read_mimic_iv_ed(data_dir: str | Path) -> tuple[list[RawRecord], tuple[str, 
     heartrate, pain (non-numbers and values outside 0-10 are missing), dbp, sbp, acuity. Static: ``start_time`` (day of
     the year of ``intime``, with the fraction of the day), ``age`` (only with ``patients.csv``: ``anchor_age`` plus
     the years from ``anchor_year``), ``gender`` (F/M) and ``race`` grouped as white/black/other (unknown -> missing).
+    Without ``patients.csv`` the records have no age: one continuous static feature, not two, so a model built for
+    age (``configs/igamt/mimic_iv_ed.yaml``) needs ``static_continuous=1``; IGAMT and its baselines refuse a model
+    whose static layout does not match the data at fit start.
 
     Raises:
         DatasetNotFoundError: naming the directory and the files to put there when one is missing, or a file lacks

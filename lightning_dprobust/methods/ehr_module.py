@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_dprobust.data.ehr_schema import EHRSchema
 from lightning_dprobust.methods.generative_base import GenerativeDPModule
 
 
@@ -29,6 +32,7 @@ class EHRGenerativeModule(GenerativeDPModule):
         datamodule = self.trainer.datamodule
         schema = getattr(datamodule, "schema", None) if datamodule is not None else None
         if dataclasses.is_dataclass(schema):
+            check_layout(type(self).__name__, self.hparams, schema)
             self.ehr_schema = dataclasses.asdict(schema)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -41,3 +45,20 @@ class EHRGenerativeModule(GenerativeDPModule):
         super().on_load_checkpoint(checkpoint)
         self.iteration = int(checkpoint.get("igamt_iteration", 0))
         self.ehr_schema = checkpoint.get("ehr_schema")
+
+
+def check_layout(owner: str, hparams: Any, schema: EHRSchema) -> None:
+    """Refuse, in one line, a model whose ``num_features`` / ``static_continuous`` / ``static_groups`` do not describe
+    the data's step 0 (e.g. MIMIC-IV-ED without ``patients.csv`` has no age: 1 continuous static feature, not 2), or
+    whose ``max_steps`` is shorter than the data's records: the static slots would be read as other features."""
+    continuous = [field.name for field in schema.static if field.is_continuous]
+    groups = tuple(len(field.categories) for field in schema.static if not field.is_continuous)
+    model = (hparams.num_features, hparams.static_continuous, tuple(int(g) for g in hparams.static_groups))
+    if model != (schema.num_features, len(continuous), groups) or hparams.max_steps < schema.num_steps:
+        fields = ", ".join(f"{f.name} ({len(f.categories) or 'continuous'})" for f in schema.static) or "none"
+        raise MisconfigurationException(
+            f"{owner}(num_features={model[0]}, static_continuous={model[1]}, static_groups={list(model[2])}, "
+            f"max_steps={hparams.max_steps}) does not fit the data: {schema.num_features} features, "
+            f"{schema.num_steps} steps, static fields {fields}; set num_features={schema.num_features}, "
+            f"static_continuous={len(continuous)}, static_groups={list(groups)}, max_steps >= {schema.num_steps}"
+        )

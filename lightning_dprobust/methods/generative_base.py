@@ -302,7 +302,7 @@ class GenerativeDPModule(L.LightningModule):
         if not self.dp_enabled:
             return
         self.loaders.check_train_loader(self.trainer.train_dataloader, self.trainer.world_size)
-        self.delta = resolve_delta(self.delta, self.loaders.num_examples)
+        self.delta = resolve_delta(self.delta, self.loaders.num_examples, type(self).__name__)
         rank_zero_info(
             f"{type(self).__name__}: private components {sorted(self.private_components())}, noise_multiplier="
             f"{self.noise_multiplier}, max_grad_norm={self.max_grad_norm}, clip_mode={self.clip_mode}, "

@@ -208,3 +208,9 @@ def test_fit_poisson_samples_accounts_and_checkpoints_the_ledger(tmp_path):
     restored = ToyGAN(noise_multiplier=1.0)
     restored.on_load_checkpoint(torch.load(path, weights_only=True))
     assert restored.ledger.history == module.ledger.history and restored.epsilon() == module.epsilon()
+
+
+def test_a_bad_delta_is_refused_naming_the_method_not_dpcallback(tmp_path):
+    with pytest.raises(MisconfigurationException, match=r"^ToyGAN\(delta=0.5\) is >= 1/n") as error:
+        quiet_trainer(tmp_path, max_epochs=1).fit(ToyGAN(noise_multiplier=1.0, delta=0.5), Data())
+    assert "DPCallback" not in str(error.value) and "\n" not in str(error.value)

@@ -8,7 +8,9 @@ import math
 import re
 
 import pytest
+import yaml
 
+from lightning_dprobust import zoo
 from lightning_dprobust.callbacks import AdversarialAugmentation
 from lightning_dprobust.recipes import CONFIG_DIR, DProbustCLI, find_dp_callback
 from lightning_dprobust.robustness.ain_attack import AINAttack
@@ -45,3 +47,22 @@ def test_the_config_fits_and_a_dp_one_reports_its_epsilon(name, tmp_path, capsys
     epsilon = float(found["eps"])
     assert int(found["steps"]) == 2 and math.isclose(epsilon, dp.epsilon(), rel_tol=1e-3)
     assert 0 < epsilon <= 3.0 * 1.005  # never above the target the noise was calibrated for
+
+
+def test_the_dp_configs_train_on_data_that_the_ain_and_its_target_never_saw():
+    """The AIN is part of DP training: its guarantee about the private half needs a generator (and the classifier it
+    was trained against) fitted on the public half only."""
+    configs = {
+        name: yaml.safe_load((CONFIG_DIR / name / "digits.yaml").read_text()) for name in CONFIGS if "dp" in name
+    }
+    assert all(config["data"]["init_args"]["train_part"] == "private" for config in configs.values())
+    (augmentation,) = [
+        callback
+        for callback in configs["ain_advtrain_dp"]["trainer"]["callbacks"]
+        if callback["class_path"].endswith("AdversarialAugmentation")
+    ]
+    ain = zoo.info(augmentation["init_args"]["attack"]["init_args"]["ain"])
+    target = zoo.info(ain.meta["classifier"])
+    assert ain.meta["recipe"]["overrides"]["model.init_args.target"] == target.name
+    for entry in (ain, target):
+        assert entry.meta["recipe"]["overrides"]["data.init_args.train_part"] == "public", entry.name

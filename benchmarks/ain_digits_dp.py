@@ -17,7 +17,8 @@ saw that set. The digits AIN ``ain_generator.ain_digits_untargeted`` was trained
    settings, ``--ain-epochs``), saved as a ``.ckpt``: each seed gets its own, so the spread includes the AIN's;
 3. on the private half: ``configs/ain_advtrain_dp/digits.yaml`` (its ``ain`` replaced by this public AIN's checkpoint)
    and ``configs/ifgsm_advtrain_dp/digits.yaml`` as shipped, both at epsilon 3 (batch 128 on the half: the sample
-   rate, steps and noise multiplier of batch 256 on the whole split);
+   rate, steps and noise multiplier of batch 256 on the whole split), and, without adversarial training (row
+   ``none``), ``configs/dpsgd/digits.yaml`` with the same data;
 4. on the test split (seen by neither half): clean accuracy and accuracy under the public AIN, i-FGSM and PGD at
    Linf 0.2 (``ain_digits.evaluate``), and each model's epsilon (delta 1e-5, RDP accountant).
 
@@ -43,11 +44,14 @@ from lightning_dprobust.robustness.reports import markdown_table
 from lightning_dprobust.zoo.build import apply_override
 
 TARGET_CONFIG = CONFIG_DIR / "erm" / "digits.yaml"
-DP_CONFIGS = {
-    "AIN": CONFIG_DIR / "ain_advtrain_dp" / "digits.yaml",
-    "i-FGSM": CONFIG_DIR / "ifgsm_advtrain_dp" / "digits.yaml",
-}
 PUBLIC_TARGET = {"data.init_args.train_part": "public", "data.init_args.batch_size": 128}
+PRIVATE = {"data.init_args.train_part": "private", "data.init_args.batch_size": 128}
+DP_CONFIGS = {
+    "AIN": (CONFIG_DIR / "ain_advtrain_dp" / "digits.yaml", {}),
+    "i-FGSM": (CONFIG_DIR / "ifgsm_advtrain_dp" / "digits.yaml", {}),
+    "none": (CONFIG_DIR / "dpsgd" / "digits.yaml", PRIVATE),
+}
+"""Per row: the config fitted on the private half and its overrides (the AIN row's ``ain`` is set per seed)."""
 AIN_OVERRIDE = "trainer.callbacks.AdversarialAugmentation.init_args.attack.init_args.ain"
 COLUMNS = ("clean", "AIN", "i-FGSM", "PGD")
 
@@ -73,8 +77,8 @@ def run(seed: int, args: argparse.Namespace) -> dict[str, float]:
     test.setup("test")
     x, y = test.test_set.tensors
     metrics = {"public_ain_bound": ain.bound}
-    for source, config in DP_CONFIGS.items():
-        cli = fit_config(config, seed, workdir, {AIN_OVERRIDE: ckpt} if source == "AIN" else {})
+    for source, (config, overrides) in DP_CONFIGS.items():
+        cli = fit_config(config, seed, workdir, {**overrides, AIN_OVERRIDE: ckpt} if source == "AIN" else overrides)
         if cli.datamodule.train_part != "private":
             raise ValueError(f"{config} must train on the private half (data.init_args.train_part: private)")
         metrics[f"dp/{source}/epsilon"] = find_dp_callback(cli.trainer).epsilon()

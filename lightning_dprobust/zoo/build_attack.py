@@ -39,14 +39,15 @@ def train_and_evaluate_attack(config: dict[str, Any], workdir: Path, entry: Entr
     from lightning_dprobust.recipes import fit_recipe, quiet_overrides
 
     fitted = fit_recipe(config, quiet_overrides(workdir), test=False)
-    generator = fitted.module.generator.eval()
-    _check_target_class(entry, fitted.module.target_class)
+    module = fitted.module.cpu().eval()  # scored on the CPU, as the test split's batches come
+    generator = module.generator
+    _check_target_class(entry, module.target_class)
     model = entry.build_model()
     model.net.load_state_dict(generator.state_dict())
     bound = round(float(generator.bound), 6)
     metrics: dict[str, float] = {"bound": bound}
     for eps in attack_bounds(entry, bound):
-        rate = _success(fitted.module.target, generator, fitted.datamodule.test_dataloader(), eps)
+        rate = _success(module.target, generator, fitted.datamodule.test_dataloader(), eps)
         metrics[f"success@{eps:g}"] = round(rate, 6)
     return model, metrics, None
 

@@ -70,12 +70,15 @@ def test_attack_bounds_add_the_target_metrics_bounds_and_drop_those_below_the_tr
     assert set(attack_bounds(tiny, 0.0)) == {0.1, 0.2, 0.3} | named
 
 
-def test_the_cli_builds_an_attack_entry_into_out(tmp_path, capsys):
-    """``dprobust zoo build`` on the shipped recipe, one epoch: the bound stays above every attack bound."""
-    assert main(["zoo", "build", NAME, "--epochs", "1", "--out", str(tmp_path)]) == 0
-    written = yaml.safe_load((tmp_path / "entries" / f"{NAME}.yaml").read_text())
-    assert written["kind"] == "attack" and written["meta"]["metrics"] == {"bound": pytest.approx(0.8 * math.exp(-0.1))}
-    assert NAME in capsys.readouterr().out
+def test_the_cli_builds_an_attack_entry_into_out(tmp_path, monkeypatch, capsys):
+    """``dprobust zoo build NAME --epochs 1 --out DIR`` (the catalog swapped for the tiny-budget one)."""
+    catalog = _catalog(tmp_path, TINY)
+    monkeypatch.setattr("lightning_dprobust.zoo.build.Zoo", lambda: catalog)
+    assert main(["zoo", "build", NAME, "--epochs", "1", "--out", str(tmp_path / "out")]) == 0
+    written = yaml.safe_load((tmp_path / "out" / "entries" / f"{NAME}.yaml").read_text())
+    assert written["kind"] == "attack" and set(written["meta"]["metrics"]) == {"bound", "success@0.3"}
+    printed = capsys.readouterr().out
+    assert NAME in printed and f"weights: {written['file']}" in printed
 
 
 def test_a_recipe_that_trains_another_target_class_than_the_entry_is_refused(tmp_path):

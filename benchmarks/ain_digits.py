@@ -60,12 +60,15 @@ def _trainer(epochs: int, **kwargs) -> L.Trainer:
     )
 
 
-def train_ain(seed: int, target_class: int | None, epochs: int) -> AIN:
-    """configs/ain/digits.yaml with plain exponential decay to 0.1, reached after 70% of the epochs."""
+def train_ain(
+    seed: int, target_class: int | None, epochs: int, target: str | torch.nn.Module = TARGET, data=None, ckpt=None
+) -> AIN:
+    """configs/ain/digits.yaml with plain exponential decay to 0.1, reached after 70% of the epochs, against
+    ``target`` on ``data`` (default: the digits data module, batch 32); with ``ckpt``, the fitted AIN is saved there."""
     L.seed_everything(seed, verbose=False)
     rate = math.log(0.1 / 0.8) / (0.7 * epochs)
     module = AIN(
-        target=TARGET,
+        target=target,
         target_class=target_class,
         num_classes=10,
         input_shape=(1, 8, 8),
@@ -76,7 +79,10 @@ def train_ain(seed: int, target_class: int | None, epochs: int) -> AIN:
         min_bound=0.1,
         lr=2e-3,
     )
-    _trainer(epochs).fit(module, DigitsDataModule(batch_size=32))
+    trainer = _trainer(epochs)
+    trainer.fit(module, data or DigitsDataModule(batch_size=32))
+    if ckpt is not None:
+        trainer.save_checkpoint(ckpt)
     return module
 
 
@@ -145,11 +151,15 @@ def adversarial_training(seed: int, ain, x, y, epochs: int) -> dict[str, float]:
             else (lambda m: build_attack("BIM", m, TRAIN_EPS, steps=10))
         )
         _trainer(epochs, callbacks=[AdversarialAugmentation(factory, mode="group", seed=seed)]).fit(module, data)
-        model = module.model.eval()
-        suite = {name: _attack(name, model, TRAIN_EPS, None, ain, seed) for name in ("AIN", "i-FGSM", "PGD")}
-        for name, value in robust_accuracy(model, (x, y), suite, seed=seed).items():
-            metrics[f"at/{source}/{name}"] = value
+        metrics |= {f"at/{source}/{name}": value for name, value in evaluate(module.model, ain, x, y, seed).items()}
     return metrics
+
+
+def evaluate(model, ain, x, y, seed: int) -> dict[str, float]:
+    """Clean accuracy and accuracy under the untargeted ``ain``, i-FGSM and PGD at Linf ``TRAIN_EPS`` on ``(x, y)``."""
+    model = model.eval()
+    suite = {name: _attack(name, model, TRAIN_EPS, None, ain, seed) for name in ("AIN", "i-FGSM", "PGD")}
+    return robust_accuracy(model, (x, y), suite, seed=seed)
 
 
 def run(seed: int, args: argparse.Namespace) -> dict[str, float]:

@@ -25,7 +25,7 @@ LAYERS = [
 ]
 """Lowest first; a unit may import its own modules and those of any lower layer. The zoo's hub and catalog sit low
 (methods resolve zoo names, e.g. TransDenoiser's public classifier); its build trains recipes, so it sits above them."""
-SUBUNITS = {"lightning_dprobust.zoo.build": "zoo.build"}
+SUBUNITS = {"lightning_dprobust.zoo.build": "zoo.build", "lightning_dprobust.zoo.build_attack": "zoo.build"}
 """Modules that form a unit of their own, apart from their folder."""
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 

@@ -7,9 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lightning_dprobust.checkpoint_io import check_state_dict_fits, read_checkpoint
-from lightning_dprobust.methods.base import CLASS_KEY
-from lightning_dprobust.methods.registry import method_class
+from lightning_dprobust.methods.checkpoints import load_checkpoint_module
 
 
 def load_classifier(source: str, map_location: str | torch.device = "cpu") -> nn.Module:
@@ -28,33 +26,10 @@ def load_classifier(source: str, map_location: str | torch.device = "cpu") -> nn
     if path.suffix == ".ckpt" or path.exists():
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {source} does not exist: pass the path of a .ckpt file or a zoo name")
-        return _from_checkpoint(path, map_location).eval()
+        return load_checkpoint_module(path, map_location).eval()
     from lightning_dprobust import zoo
 
     return zoo.load(source)
-
-
-def _from_checkpoint(path: Path, map_location) -> nn.Module:
-    checkpoint = read_checkpoint(path, map_location)
-    qualified = checkpoint.get(CLASS_KEY)
-    if qualified is None:
-        raise ValueError(
-            f"{path} has no '{CLASS_KEY}' entry: it was not written by a lightning-dprobust method "
-            "(train with `dprobust fit`, or load the model yourself)"
-        )
-    cls = method_class(qualified, source=str(path))
-    for key in ("hyper_parameters", "state_dict"):
-        if not isinstance(checkpoint.get(key), dict):
-            raise ValueError(
-                f"{path} has no '{key}': it was not saved by a Trainer from a lightning-dprobust module "
-                "(the module's arguments and weights are both needed to rebuild it)"
-            )
-    hyper_parameters = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
-    module = cls(**hyper_parameters)  # LightningCLI adds "_class_path" and "_instantiator" to the hyper-parameters
-    check_state_dict_fits(module, checkpoint["state_dict"], str(path))
-    module.on_load_checkpoint(checkpoint)  # as LightningModule.load_from_checkpoint: restores e.g. privacy ledgers
-    module.load_state_dict(checkpoint["state_dict"])
-    return module
 
 
 def load_denoised_classifier(classifier: str, denoiser: str, map_location: str | torch.device = "cpu") -> nn.Module:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -73,7 +74,8 @@ class AIN(ClassifierModule):
         accepted); a classifier trained on AIN's examples can be (``AdversarialAugmentation`` under ``DPCallback``).
 
     Args:
-        target: the frozen target: a zoo entry name, ``"timm/<arch>"`` or a module mapping ``[0, 1]`` images to logits.
+        target: the frozen target: a zoo entry name, ``"timm/<arch>"``, a Lightning ``.ckpt`` of a classifier trained
+            with this library, or a module mapping ``[0, 1]`` images to logits (:func:`load_target`).
         target_class: the class of a targeted AIN; ``None``: untargeted.
         generator_kwargs: arguments of :class:`~lightning_dprobust.models.AINGenerator` (``channels``, ...).
         noise_std: std of the injected noise (0: AIN_nr). noise_seed: seed of the training noise (not secret).
@@ -133,7 +135,7 @@ class AIN(ClassifierModule):
         )
         if isinstance(target, nn.Module):
             self.hparams.pop("target", None)
-        self.target = load_public_classifier(target, num_classes, input_shape, owner="AIN(target").requires_grad_(False)
+        self.target = load_target(target, num_classes, input_shape).requires_grad_(False)
         self.target.eval()
         self.target_class = target_class
         generator.target_class.fill_(-1 if target_class is None else target_class)
@@ -289,6 +291,33 @@ class AIN(ClassifierModule):
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
 
+def load_target(target: str | nn.Module, num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """AIN's target: a module, a Lightning ``.ckpt`` of a lightning-dprobust classifier (read with
+    ``weights_only=True``, its class from the method registry), a zoo entry name or ``"timm/<arch>"``.
+
+    Raises:
+        ValueError: a ``.ckpt`` that does not exist, cannot be read, was not written by a lightning-dprobust classifier
+            or is an AIN's own checkpoint; a name that is neither a zoo entry nor ``timm/<arch>``.
+    """
+    if isinstance(target, nn.Module) or not (Path(target).suffix == ".ckpt" or Path(target).exists()):
+        return load_public_classifier(target, num_classes, input_shape, owner="AIN(target")
+    from lightning_dprobust.methods.checkpoints import load_checkpoint_module
+
+    try:
+        module = load_checkpoint_module(target)
+    except (FileNotFoundError, ValueError) as error:
+        raise ValueError(
+            f"AIN(target={target!r}): {error}. Pass a .ckpt written by `dprobust fit` of a classifier, a zoo entry or "
+            "'timm/<arch>'"
+        ) from error
+    if isinstance(module, AIN):
+        raise ValueError(
+            f"AIN(target={target!r}) is an AIN checkpoint (an attack), not a classifier: pass the .ckpt of the "
+            "classifier to attack"
+        )
+    return module
+
+
 def _snapshot(module: nn.Module) -> dict[str, Tensor]:
     return {key: value.detach().clone() for key, value in module.state_dict().items()}
 
@@ -306,4 +335,4 @@ def _check_arguments(target_class, num_classes, bound, decay, rate, step_size, i
         raise ValueError(f"AIN(decay={decay!r}, decay_rate={rate}): {error}") from error
 
 
-__all__ = ["AIN", "ImitationTargets"]
+__all__ = ["AIN", "ImitationTargets", "load_target"]

@@ -4,7 +4,9 @@
 :class:`~lightning_dprobust.recipes.DProbustCLI`), then tests the final model on the data module's test split and reads
 the privacy guarantee from :class:`~lightning_dprobust.callbacks.DPCallback`. The weights (the model's
 ``state_dict``: plain tensors only) go to ``<out>/weights/<name>-<sha8>.pth`` and the updated entry to
-``<out>/entries/<name>.yaml``, where ``<out>`` defaults to the shipped ``zoo/`` directory.
+``<out>/entries/<name>.yaml``, where ``<out>`` defaults to the shipped ``zoo/`` directory. An entry of kind ``attack``
+(an AIN generator) is scored by its attack success rate against its target instead
+(:mod:`~lightning_dprobust.zoo.build_attack`).
 
 A recipe is ``meta.recipe``: ``config`` (a path relative to the repository root), ``overrides`` (a mapping from
 dotted config paths to values, applied to the YAML before parsing; a list element is chosen by index or by the
@@ -26,6 +28,7 @@ import torch
 import yaml
 from torch import nn
 
+from lightning_dprobust.zoo.build_attack import train_and_evaluate_attack
 from lightning_dprobust.zoo.catalog import Entry, ZooError
 from lightning_dprobust.zoo.hub import ZOO_DIR, Zoo, fit_state_dict, sha256_file
 
@@ -266,6 +269,8 @@ def build(
         evaluation = {key: entry.meta.get(key) for key in ("smoothing", "robustness", "certification")}
         if entry.kind == "generator":
             model, metrics, privacy = train_and_evaluate_generator(config, Path(workdir))
+        elif entry.kind == "attack":
+            model, metrics, privacy = train_and_evaluate_attack(config, Path(workdir), entry)
         else:
             model, metrics, privacy = train_and_evaluate(config, Path(workdir), evaluation)
     fresh = entry.build_model()
@@ -286,6 +291,8 @@ def build(
         "privacy": privacy,
         "recipe": recipe,
     }
+    if entry.kind == "attack" and entry.meta.get("robustness"):
+        meta["robustness"] = {**entry.meta["robustness"], "eps": metrics["bound"]}  # the bound the AIN reached
     updated = Entry.from_dict(
         dataclasses.replace(entry, status="shipped", url=f"weights/{file}", file=file, sha256=sha, meta=meta).to_dict(),
         name,

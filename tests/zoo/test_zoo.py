@@ -338,6 +338,8 @@ def test_the_embedded_data_entries_are_shipped():
         "transdenoiser_digits_eps3_s025",
         "ain_digits_target8",
         "ain_digits_untargeted",
+        "erm_digits_public",
+        "ain_digits_public_untargeted",
         *(f"stobatch_digits_eps{epsilon}" for epsilon in ("05", "2", "8")),
         "rp1_en1_digits",
         "rp1_en5_digits",

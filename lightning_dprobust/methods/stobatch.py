@@ -143,11 +143,6 @@ class StoBatch(ClassifierModule):
         sb.project_theta1(net.encoder.weight, theta1_bound)
         self.randomness = DPRandomness(noise_seed, owner="StoBatch")
         self.ledger = PrivacyLedger()
-        if net.normalization == "none":
-            rank_zero_info(
-                f"StoBatch: per-example network (DP guarantee); feature_gain={net.feature_gain:g} scales h for theta2: "
-                "if training stays at chance, raise it or batch_size (docs/sharp_edges.md)"
-            )
         self.batches = torch.zeros(0, batch_size, dtype=torch.long)  # in checkpoints, never in released weights
         self.privacy_delta = 0.0
 
@@ -271,6 +266,12 @@ class StoBatch(ClassifierModule):
         sb.project_theta1(self.net.encoder.weight, self.hparams.theta1_bound)
 
     def on_fit_end(self) -> None:
+        accuracy = self.trainer.callback_metrics.get("val/acc")
+        if accuracy is not None and float(accuracy) <= 1.5 / self.num_classes:
+            rank_zero_warn(
+                f"StoBatch: validation accuracy {float(accuracy):.3f} is at chance: raise model_kwargs.feature_gain "
+                f"(now {self.net.feature_gain:g}), max_epochs (epsilon does not depend on them) or batch_size"
+            )
         if self.ledger.nominal:
             rank_zero_info(f"StoBatch: {self.ledger.nominal_summary()}: {BATCH_NORM_CAVEAT}")
             return

@@ -32,7 +32,7 @@ def _epsilon(entry: Entry) -> str:
     if math.isinf(epsilon):
         return "inf"
     if privacy["accountant"] == "nominal":
-        return f"{epsilon:g} nominal (no DP guarantee)"
+        return f"{epsilon:.3f} nominal (no DP guarantee)"
     return f"{epsilon:.3f}" if entry.shipped else f"{epsilon:g} (target)"
 
 

@@ -81,9 +81,9 @@ class NominalEvent:
     """A privacy claim from a heuristic proof (``source`` names it): recorded and reported, never composed.
 
     A nominal epsilon rests on assumptions the mechanism does not enforce (e.g. residual perturbation's Theorem 1),
-    so the ledger keeps it apart (``delta`` in ``(0, 1)``, or ``0`` for a pure-DP claim): it never enters a DP epsilon (a ledger holding one reports ``inf``, see
-    :meth:`PrivacyLedger.epsilon`), and it is always reported as nominal. A claim covers the whole run so far, so a
-    newer claim from the same ``source`` replaces the older.
+    so the ledger keeps it apart (``delta`` in ``(0, 1)``, or ``0`` for a pure-DP claim): it never enters a DP
+    epsilon (a ledger holding one reports ``inf``, see :meth:`PrivacyLedger.epsilon`), and it is always reported as
+    nominal. A claim covers the whole run so far, so a newer claim from the same ``source`` replaces the older.
     """
 
     source: str

@@ -93,8 +93,9 @@ class StoBatch(ClassifierModule):
         batch_size: ``m``, the size of each fixed batch (the data module's ``batch_size`` is not used in training).
         xi: weight of the adversarial loss (Eq. 9).
         psi: shrink of the fresh inference noise (Appendix N).
-        inference_noise: ``"released"`` (eval with a zero offset in place of the draw and the first normalization on
-            the batch's statistics: what the released weights give) or ``"training_draw"`` (the paper's Appendix N,
+        inference_noise: ``"released"`` (eval with a zero offset in place of the draw, and under
+            ``normalization="batch"`` the first normalization on the batch's statistics: what the released weights
+            give) or ``"training_draw"`` (the paper's Appendix N,
             reusing the secret draw of a private checkpoint), see
             :class:`~lightning_dprobust.models.stobatch.StoBatchNet`.
         attack_steps: ``T_mu`` of the training attacks (step ``mu_t / T_mu``).

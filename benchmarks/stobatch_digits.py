@@ -5,8 +5,8 @@ StoBatch's noise and batches are secret, so they differ in every run) trains ``c
 DP-SGD and DP-Adv digits recipes with ``dp.target_epsilon`` set to ``--epsilon`` (default 2; StoBatch's epsilon is
 pure DP, delta 0, the others' at delta 1e-5), then attacks each on the test split with BIM (I-FGSM), MIFGSM (MIM)
 and PGD, l_inf, 10 steps, at each ``--eps`` (pixel units; 0.1 and 0.2 are 0.2 and 0.4 in the paper's [-1, 1] scale).
-StoBatch is attacked and evaluated as released (``inference_noise="released"``: no offset for the secret training
-draw of its noise, the first normalization on the batch's statistics). StoBatch is also certified on the clean test
+StoBatch is attacked and evaluated as released (``inference_noise="released"``: no offset for the secret training draw
+of its noise; the config's per-example network, ``normalization: none``). StoBatch is also certified on the clean test
 split by PixelDP verified inference (Phan et al. 2020, Alg. 3: ``--n`` draws, eta 0.05, Clopper-Pearson), under the
 ``paper`` and the ``strict`` condition: certified accuracy (correct and radius ``>= mu_a``) at each ``--eps`` and the
 mean certified radius; DP-SGD and DP-Adv inject no inference noise, so they have no PixelDP certificate ("-").

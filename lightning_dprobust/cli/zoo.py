@@ -31,6 +31,8 @@ def _epsilon(entry: Entry) -> str:
         return "?"
     if math.isinf(epsilon):
         return "inf"
+    if privacy["accountant"] == "nominal":
+        return f"{epsilon:.3f} nominal (no DP guarantee)"
     return f"{epsilon:.3f}" if entry.shipped else f"{epsilon:g} (target)"
 
 

@@ -81,9 +81,9 @@ class NominalEvent:
     """A privacy claim from a heuristic proof (``source`` names it): recorded and reported, never composed.
 
     A nominal epsilon rests on assumptions the mechanism does not enforce (e.g. residual perturbation's Theorem 1),
-    so the ledger keeps it apart: it never enters a DP epsilon (a ledger holding one reports ``inf``, see
-    :meth:`PrivacyLedger.epsilon`), and it is always reported as nominal. A claim covers the whole run so far, so a
-    newer claim from the same ``source`` replaces the older.
+    so the ledger keeps it apart (``delta`` in ``(0, 1)``, or ``0`` for a pure-DP claim): it never enters a DP
+    epsilon (a ledger holding one reports ``inf``, see :meth:`PrivacyLedger.epsilon`), and it is always reported as
+    nominal. A claim covers the whole run so far, so a newer claim from the same ``source`` replaces the older.
     """
 
     source: str
@@ -96,7 +96,8 @@ class NominalEvent:
         if not float(self.epsilon) >= 0:
             raise ValueError(f"epsilon={self.epsilon!r} must be a number >= 0 (inf allowed)")
         object.__setattr__(self, "epsilon", float(self.epsilon))
-        object.__setattr__(self, "delta", _check_delta(self.delta))
+        pure = isinstance(self.delta, int | float) and self.delta == 0  # a pure-DP claim (StoBatch's Theorem 4)
+        object.__setattr__(self, "delta", 0.0 if pure else _check_delta(self.delta))
 
     def describe(self) -> str:
         """``"nominal epsilon 3.24e+05 at delta 1e-05 (source)"``."""

@@ -28,12 +28,16 @@ SOURCES = ("stobatch.autoencoder", "stobatch.inputs", "stobatch.hidden", "stobat
 ``epsilon2``."""
 
 BATCH_NORM_CAVEAT = (
-    "StoBatch: the first layer of theta2 normalizes the perturbed hidden layer over the batch (batch statistics in "
-    "training, running statistics in the weights), so one example moves the others' last hidden layer and Lemma 4's "
-    "sensitivity of the label coefficients (2 |h_pi| per example) is not a proven bound: the recorded epsilon is the "
-    "paper's claim, not a guarantee (docs/sharp_edges.md)"
+    "StoBatch with normalization='batch': the first layer of theta2 normalizes the perturbed hidden layer over the "
+    "batch (batch statistics in training, running statistics in the weights), so one example moves the others' last "
+    "hidden layer and Lemma 4's sensitivity of the label coefficients (2 |h_pi| per example) is not a proven bound: "
+    "the epsilon is recorded as a nominal claim, not a guarantee; use normalization='none' for a DP guarantee "
+    "(docs/sharp_edges.md)"
 )
-"""Printed at every fit: the defect of this implementation that keeps its epsilon a claim."""
+"""Printed at every fit with ``normalization="batch"``: why its epsilon is nominal."""
+
+NOMINAL_SOURCE = "stobatch.batch_norm"
+"""Ledger name of the nominal Theorem 4 epsilon of ``normalization="batch"`` (never a guarantee)."""
 
 NOISE_BUFFERS = ("input_noise", "hidden_noise", "label_noise")
 """The network's buffers that hold the secret noise draw (``chi1 / m``, ``2 chi2 / m``, ``chi3``)."""
@@ -72,7 +76,12 @@ class StoBatch(ClassifierModule):
 
     Guarantee (Theorem 4, as the paper states it): ``epsilon = epsilon1 (1 + 1/gamma_x + 1/gamma) + epsilon2``-DP
     (pure, ``delta = 0``) for the parameters, whatever the number of steps, recorded in :attr:`ledger` as four
-    Laplace releases. It assumes: one noise draw, the same disjoint batches in every epoch, inputs and ``h`` in
+    Laplace releases, with the default per-example network (``model_kwargs.normalization="none"``: ``theta2`` reads
+    each example's ``h = tanh(theta1 * x_bar)``, post-processing of the ``epsilon1 / gamma_x`` input release, with no
+    statistic over other examples). With ``normalization="batch"`` (the paper's batch normalization) one example
+    moves the others' ``h_pi`` and Lemma 4 does not hold: the same epsilon is recorded as a nominal claim (the
+    ledger's DP epsilon is ``inf``, the fit reports "no DP guarantee; nominal epsilon ..."). It assumes: one noise
+    draw, the same disjoint batches in every epoch, inputs and ``h`` in
     ``[-1, 1]``, ``h_pi`` in ``[-1, 1]``, and the paper's accounting (``Delta_x = 1``; the ``epsilon1 3 beta /
     Delta_R`` cost of the ``theta1`` gradient dropped as negligible; one ``chi2`` shared by all coordinates; each
     feature map of the first layer counted separately), see spec section 15 item 9. The guarantee needs the noise
@@ -85,8 +94,9 @@ class StoBatch(ClassifierModule):
         batch_size: ``m``, the size of each fixed batch (the data module's ``batch_size`` is not used in training).
         xi: weight of the adversarial loss (Eq. 9).
         psi: shrink of the fresh inference noise (Appendix N).
-        inference_noise: ``"released"`` (eval with a zero offset in place of the draw and the first normalization on
-            the batch's statistics: what the released weights give) or ``"training_draw"`` (the paper's Appendix N,
+        inference_noise: ``"released"`` (eval with a zero offset in place of the draw, and under
+            ``normalization="batch"`` the first normalization on the batch's statistics: what the released weights
+            give) or ``"training_draw"`` (the paper's Appendix N,
             reusing the secret draw of a private checkpoint), see
             :class:`~lightning_dprobust.models.stobatch.StoBatchNet`.
         attack_steps: ``T_mu`` of the training attacks (step ``mu_t / T_mu``).
@@ -144,6 +154,11 @@ class StoBatch(ClassifierModule):
         return self.model.net
 
     @property
+    def zoo_nominal_privacy(self) -> bool:
+        """Whether a zoo build records the epsilon as nominal (``normalization="batch"``), not as a guarantee."""
+        return self.net.normalization == "batch"
+
+    @property
     def input_scale(self) -> float:
         """Laplace scale of each input coordinate's noise, ``Delta_R / (m epsilon1)`` (Eq. 16)."""
         return self.delta_r / (self.hparams.batch_size * self.epsilon1)
@@ -193,8 +208,12 @@ class StoBatch(ClassifierModule):
         return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers)
 
     def _record_privacy(self) -> None:
-        rank_zero_warn(BATCH_NORM_CAVEAT)
+        """Four Laplace releases (``normalization="none"``), or their sum as a nominal claim (``"batch"``)."""
         releases = (self.epsilon1, self.epsilon1 / self.gamma_x, self.epsilon1 / self.gamma, self.epsilon2)
+        if self.net.normalization == "batch":
+            rank_zero_warn(BATCH_NORM_CAVEAT)
+            self.ledger.record_nominal(NOMINAL_SOURCE, sum(releases), 0.0)
+            return
         for source, epsilon in zip(SOURCES, releases, strict=True):
             self.ledger.record_laplace(source, epsilon)
 
@@ -221,12 +240,12 @@ class StoBatch(ClassifierModule):
         m, net, xi = self.hparams.batch_size, self.net, self.hparams.xi
         x_bar = net.perturb(x)
         adversarial = ensemble_attack(
-            lambda z: net.classify(net.hidden(z)), x_bar[m:], mu, self.hparams.attack_steps, generator
+            lambda z: net.classify(net.features(z)), x_bar[m:], mu, self.hparams.attack_steps, generator
         )
         inputs = torch.cat([x_bar[:m], adversarial])
         h_bar = net.hidden(inputs).detach()
         reconstruction = sb.reconstruction_loss(inputs, net.reconstruct(h_bar), self.hparams.reconstruction) / (2 * m)
-        logits = net.classify(h_bar)
+        logits = net.classify(h_bar if net.normalization == "batch" else net.features(inputs).detach())
         targets = F.one_hot(y, self.num_classes).to(logits.dtype)
         noise = sb.label_noise_term(net.label_noise, net.head.weight)
         benign = sb.taylor_cross_entropy(logits[:m], targets[:m]) - noise
@@ -251,6 +270,15 @@ class StoBatch(ClassifierModule):
         sb.project_theta1(self.net.encoder.weight, self.hparams.theta1_bound)
 
     def on_fit_end(self) -> None:
+        accuracy = self.trainer.callback_metrics.get("val/acc")
+        if accuracy is not None and float(accuracy) <= 1.5 / self.num_classes:
+            rank_zero_warn(
+                f"StoBatch: validation accuracy {float(accuracy):.3f} is at chance: raise model_kwargs.feature_gain "
+                f"(now {self.net.feature_gain:g}), max_epochs (epsilon does not depend on them) or batch_size"
+            )
+        if self.ledger.nominal:
+            rank_zero_info(f"StoBatch: {self.ledger.nominal_summary()}: {BATCH_NORM_CAVEAT}")
+            return
         rank_zero_info(
             f"StoBatch: epsilon = {self.ledger.epsilon(0.0):.4g} (pure DP, delta = 0; epsilon1 = {self.epsilon1:.4g}, "
             f"epsilon2 = {self.epsilon2:.4g}, gamma_x = {self.gamma_x:.4g}, gamma = {self.gamma:.4g}); the same "
@@ -274,12 +302,12 @@ class StoBatch(ClassifierModule):
             raise ValueError(f"n={n!r} must be an int >= 1 (the Monte-Carlo draws)")
         net, psi = self.net, self.hparams.psi
         x_bar = net.perturb(x)
-        h_fixed = net.hidden(x_bar)
+        h_fixed = net.features(x_bar)
         scores = []
         for _ in range(n):
             fresh_x = sb.laplace(tuple(x.shape), self.input_scale / psi, generator).to(x)
             fresh_h = sb.laplace(tuple(h_fixed.shape), self.hidden_scale / psi, generator).to(x)
-            p_x = net.classify(net.hidden(x_bar + fresh_x)).softmax(-1)
+            p_x = net.classify(net.features(x_bar + fresh_x)).softmax(-1)
             p_h = net.classify(h_fixed + fresh_h).softmax(-1)
             scores.append(p_x * p_h)
         return torch.stack(scores)

@@ -19,18 +19,34 @@ from torch import Tensor, nn
 from lightning_dprobust.models.registry import register_model
 
 InferenceNoise = Literal["released", "training_draw"]
+Normalization = Literal["none", "batch"]
+NORMALIZATIONS: tuple[str, ...] = ("none", "batch")
 
 
 class StoBatchNet(nn.Module):
-    """``f(x) = W_pi tanh(body(tanh(theta1 * x_bar) + 2 chi2 / m))`` with ``x_bar = (2 x - 1) + chi1 / m``.
+    """``f(x) = W_pi tanh(body(features(x_bar)))`` with ``x_bar = (2 x - 1) + chi1 / m``.
 
-    ``theta1`` is a bias-free convolution (``encoder``) whose tanh output lies in ``[-1, 1]`` (Lemma 2 needs it); its
-    tied transpose reconstructs the input (:meth:`reconstruct`). ``theta2`` starts with a batch normalization of each
-    element of ``h_bar`` over the batch: post-processing of the perturbed hidden layer, it removes the constant offset
-    that the fixed noise adds (a per-channel normalization would keep its spatial spread) and rescales the signal, as
-    the authors' code normalizes the first layer. The last hidden layer is a tanh, so ``h_pi`` lies in
-    ``[-1, 1]`` (Lemma 4), and the head ``W_pi`` has no bias (a bias would read the labels without noise).
-    Images come in ``[0, 1]`` (DESIGN.md contract 1) and are mapped to the paper's ``[-1, 1]`` inside.
+    ``theta1`` is a bias-free convolution (``encoder``) whose tanh output ``h = tanh(theta1 * x_bar)`` lies in
+    ``[-1, 1]`` (Lemma 2 needs it); its tied transpose reconstructs the input from the perturbed hidden layer
+    ``h_bar = h + 2 chi2 / m`` (:meth:`hidden`, :meth:`reconstruct`), the functional mechanism of ``theta1``. The last
+    hidden layer is a tanh, so ``h_pi`` lies in ``[-1, 1]`` (Lemma 4), and the head ``W_pi`` has no bias (a bias would
+    read the labels without noise). Images come in ``[0, 1]`` (DESIGN.md contract 1) and are mapped to the paper's
+    ``[-1, 1]`` inside.
+
+    What ``theta2`` reads (``normalization``):
+
+    - ``"none"`` (default): ``feature_gain * h`` of each example alone, with no statistic over other examples, so
+      ``h_pi`` of an example depends on that example and the parameters only, as Lemma 4's sensitivity
+      ``Delta_L2 = 2 |h_pi|`` assumes. ``h`` is post-processing of the perturbed input ``x_bar`` (Lemma 3's
+      ``epsilon1 / gamma_x`` release, counted in Theorem 4); the hidden offset ``2 chi2 / m`` (Laplace scale about 4
+      on digits, against a spread of ``h`` across examples of about 0.01) would saturate the unnormalized layers, and
+      a constant cannot be removed from one example without reading the others. The hidden noise stays in the
+      reconstruction objective of ``theta1`` (Eq. 17). ``feature_gain`` (a public constant) brings that spread to the
+      order of one.
+    - ``"batch"``: the paper's form, ``h_bar`` normalized element-wise over the batch (``BatchNorm1d``), as the
+      authors' code normalizes the first layer. In training one example then moves every other example's ``h_pi``,
+      so Lemma 4's bound does not hold and the epsilon is a nominal claim, not a guarantee (the StoBatch method
+      records it as nominal).
 
     Buffers: ``input_noise = chi1 / m`` (input shape), ``hidden_noise = 2 chi2 / m`` (the first-layer map) and
     ``label_noise = chi3`` (``[hidden, num_classes]``, the batch-sum scale), set once by :meth:`set_noise`. They are
@@ -40,10 +56,10 @@ class StoBatchNet(nn.Module):
     Inference noise (``inference_noise``): in training mode the draw always applies (it is the training objective).
     In eval mode, ``"released"`` (default) uses a zero offset in place of the draw, so predictions depend on the
     released weights only; fresh noise is added by the caller (PixelDP scores). The network was trained on inputs
-    and hidden maps shifted by the draw: the hidden shift ``-2 chi2 / m`` is a constant per element, which the first
-    normalization removes when it reads the batch's statistics (:meth:`classify`); the input shift ``-chi1 / m`` stays
-    (a distribution shift that costs some accuracy). ``"training_draw"`` reuses the draw as the paper's inference does
-    (Appendix N); only sound while the draw stays secret (a private checkpoint, never a release).
+    shifted by ``chi1 / m``, a distribution shift that costs accuracy in ``"released"`` mode. Under ``"batch"`` the
+    hidden shift ``-2 chi2 / m`` is removed by normalizing over the batch being classified (:meth:`classify`).
+    ``"training_draw"`` reuses the draw as the paper's inference does (Appendix N); only sound while the draw stays
+    secret (a private checkpoint, never a release).
 
     Args:
         num_classes: ``K``.
@@ -53,6 +69,8 @@ class StoBatchNet(nn.Module):
         body_channels: channels of the 3x3 convolution of ``theta2``.
         hidden: ``|h_pi|``.
         inference_noise: ``"released"`` or ``"training_draw"`` (above).
+        normalization: ``"none"`` or ``"batch"`` (above).
+        feature_gain: scale of ``h`` read by ``theta2`` under ``"none"`` (a public constant; unused under ``"batch"``).
 
     Shape:
         Input ``[B, C, H, W]`` in ``[0, 1]``; output ``[B, num_classes]`` logits.
@@ -70,19 +88,32 @@ class StoBatchNet(nn.Module):
         body_channels: int = 32,
         hidden: int = 64,
         inference_noise: InferenceNoise = "released",
+        normalization: Normalization = "none",
+        feature_gain: float = 30.0,
     ) -> None:
         super().__init__()
         if inference_noise not in ("released", "training_draw"):
             raise ValueError(f"inference_noise={inference_noise!r} must be 'released' or 'training_draw'")
-        self.inference_noise = inference_noise
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalization={normalization!r} must be 'none' (per example, a DP guarantee) or 'batch' (the "
+                "paper's batch normalization, a nominal epsilon only)"
+            )
+        if not (isinstance(feature_gain, int | float) and feature_gain > 0):
+            raise ValueError(f"feature_gain={feature_gain!r} must be a number > 0 (the scale of h read by theta2)")
+        self.inference_noise, self.normalization = inference_noise, normalization
+        self.feature_gain = float(feature_gain)
         c, height, width = input_shape
         self.input_shape = tuple(input_shape)
         self.encoder = nn.Conv2d(c, channels, kernel_size, stride, padding, bias=False)
         self.map_shape = tuple(self.encoder(torch.zeros(1, *input_shape)).shape[1:])
+        normalize = (
+            [nn.Flatten(), nn.BatchNorm1d(math.prod(self.map_shape)), nn.Unflatten(1, self.map_shape)]
+            if normalization == "batch"
+            else []
+        )
         self.body = nn.Sequential(
-            nn.Flatten(),
-            nn.BatchNorm1d(math.prod(self.map_shape)),
-            nn.Unflatten(1, self.map_shape),
+            *normalize,
             nn.Conv2d(channels, body_channels, 3, padding=1),
             nn.ReLU(),
             nn.Flatten(),
@@ -137,28 +168,39 @@ class StoBatchNet(nn.Module):
         h = h + self.hidden_noise if self.uses_draw else h
         return h if extra_noise is None else h + extra_noise
 
-    def classify(self, h_bar: Tensor) -> Tensor:
-        """``theta2``: logits from the perturbed first hidden layer.
+    def features(self, x_bar: Tensor, extra_noise: Tensor | None = None) -> Tensor:
+        """What ``theta2`` reads: ``h = tanh(theta1 * x_bar)`` under ``"none"``, ``h_bar`` (:meth:`hidden`) under
+        ``"batch"``; plus ``extra_noise`` (the fresh inference draws)."""
+        if self.normalization == "batch":
+            return self.hidden(x_bar, extra_noise)
+        h = torch.tanh(self.encoder(x_bar))
+        return h if extra_noise is None else h + extra_noise
 
-        Without the draw (``"released"`` in eval mode) the first normalization uses the statistics of the batch being
-        classified instead of the running ones: the running mean holds the training offset ``2 chi2 / m``, which the
-        batch mean removes exactly as in training. The running statistics are left untouched. Predictions then depend
-        on the batch (at least 2 examples).
+    def classify(self, h: Tensor) -> Tensor:
+        """``theta2``: logits from :meth:`features`.
+
+        Under ``"none"`` each example's logits depend on that example alone, in every mode and for any batch size.
+        Under ``"batch"`` without the draw (``"released"`` in eval mode) the first normalization uses the statistics of
+        the batch being classified instead of the running ones: the running mean holds the training offset
+        ``2 chi2 / m``, which the batch mean removes exactly as in training. The running statistics are left
+        untouched. Predictions then depend on the batch (at least 2 examples).
         """
+        if self.normalization == "none":
+            return self.head(self.body(self.feature_gain * h))
         if self.uses_draw:
-            return self.head(self.body(h_bar))
-        if len(h_bar) < 2:
+            return self.head(self.body(h))
+        if len(h) < 2:
             raise ValueError(
                 f"a released StoBatch network classifies batches of at least 2 examples (its first normalization reads "
-                f"the batch's statistics), got {len(h_bar)}; batch the inputs"
+                f"the batch's statistics), got {len(h)}; batch the inputs"
             )
         norm = self.body[1]
-        flat = F.batch_norm(self.body[0](h_bar), None, None, norm.weight, norm.bias, training=True, eps=norm.eps)
+        flat = F.batch_norm(self.body[0](h), None, None, norm.weight, norm.bias, training=True, eps=norm.eps)
         return self.head(self.body[2:](flat))
 
-    def last_hidden(self, h_bar: Tensor) -> Tensor:
-        """``h_pi`` in ``[-1, 1]``."""
-        return self.body(h_bar)
+    def last_hidden(self, h: Tensor) -> Tensor:
+        """``h_pi`` in ``[-1, 1]`` from :meth:`features` (training mode)."""
+        return self.body(self.feature_gain * h if self.normalization == "none" else h)
 
     def reconstruct(self, h_bar: Tensor) -> Tensor:
         """Tied-weight reconstruction ``x_tilde = theta1 h_bar`` (transposed convolution with the encoder's weight)."""
@@ -170,7 +212,7 @@ class StoBatchNet(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Logits without fresh noise: with the training draw (``"training_draw"``, the ``n -> infinity`` limit of
         Appendix N's estimate) or with a zero offset (``"released"``)."""
-        return self.classify(self.hidden(self.perturb(x)))
+        return self.classify(self.features(self.perturb(x)))
 
 
 @register_model("stobatch_cnn")

@@ -218,11 +218,31 @@ def module_privacy_record(trainer: Any) -> dict[str, Any] | None:
 
     owner = privacy_owner(trainer)
     if owner is None:
-        return None
+        return nominal_privacy_record(trainer)
     return {
         "epsilon": float(owner.epsilon()),
         "delta": float(owner.delta),
         "accountant": owner.accountant if owner.ledger.steps else "laplace",
+        "noise_multiplier": None,
+        "max_grad_norm": None,
+        "sample_rate": None,
+        "steps": int(trainer.global_step),
+    }
+
+
+def nominal_privacy_record(trainer: Any) -> dict[str, Any] | None:
+    """A module's nominal claim as ``meta.privacy`` with the accountant ``"nominal"`` (shown as no DP guarantee), for
+    a module that asks for it (``zoo_nominal_privacy = True``: StoBatch with batch normalization); ``None`` otherwise
+    (other nominal claims stay ``null`` with a note)."""
+    module = trainer.lightning_module
+    ledger = getattr(module, "ledger", None)
+    if not getattr(module, "zoo_nominal_privacy", False) or ledger is None or len(ledger.nominal) != 1:
+        return None
+    claim = ledger.nominal[0]
+    return {
+        "epsilon": claim.epsilon,
+        "delta": claim.delta,
+        "accountant": "nominal",
         "noise_multiplier": None,
         "max_grad_norm": None,
         "sample_rate": None,

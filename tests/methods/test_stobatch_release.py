@@ -79,7 +79,8 @@ def test_released_predictions_do_not_depend_on_the_training_draw():
 
 @torch.no_grad()
 def test_released_mode_leaves_the_running_statistics_alone():
-    first, _, x = twins()
+    first = module(model_kwargs={"normalization": "batch"}).eval()
+    x = torch.rand(8, 1, 8, 8)
     norm = first.net.body[1]
     before = (norm.running_mean.clone(), norm.running_var.clone(), int(norm.num_batches_tracked))
     first(x)
@@ -92,7 +93,7 @@ def test_training_draw_mode_needs_the_draw_and_modes_are_checked():
     with pytest.raises(RuntimeError, match="holds none"):
         bare(torch.rand(4, 1, 8, 8))
     with pytest.raises(ValueError, match="at least 2 examples"):
-        StoBatchNet(num_classes=10, input_shape=(1, 8, 8)).eval()(torch.rand(1, 1, 8, 8))
+        StoBatchNet(num_classes=10, input_shape=(1, 8, 8), normalization="batch").eval()(torch.rand(1, 1, 8, 8))
     for build in (
         lambda: module(inference_noise="paper"),
         lambda: StoBatchNet(num_classes=10, input_shape=(1, 8, 8), inference_noise="x"),

@@ -124,6 +124,9 @@ def test_kind_specific_meta(name):
     if privacy is None:
         assert "eps" not in RAW[name]["name"].split(".")[1], "a non-private entry must not carry an epsilon tag"
         return
+    if privacy["accountant"] == "nominal":  # a claim, no guarantee (StoBatch with batch normalization)
+        assert set(privacy) == PRIVACY and privacy["epsilon"] > 0 and "nominal" in RAW[name]["meta"]["notes"]
+        return
     if privacy["accountant"] == "laplace":  # pure DP (StoBatch): delta 0, no Gaussian mechanism
         assert set(privacy) == PRIVACY and privacy["delta"] == 0 and privacy["epsilon"] > 0
         assert privacy["noise_multiplier"] is privacy["max_grad_norm"] is privacy["sample_rate"] is None
@@ -163,9 +166,11 @@ def test_every_weights_file_belongs_to_an_entry():
 
 
 GAUSSIAN = [
-    name for name in shipped() if (RAW[name]["meta"]["privacy"] or {}).get("accountant") not in (None, "laplace")
+    name
+    for name in shipped()
+    if (RAW[name]["meta"]["privacy"] or {}).get("accountant") not in (None, "laplace", "nominal")
 ]
-"""Shipped entries with a DP-SGD guarantee (a pure-DP Laplace entry has no RDP analysis to compare)."""
+"""Shipped entries with a DP-SGD guarantee (a pure-DP Laplace entry or a nominal claim has no RDP analysis)."""
 
 
 @pytest.mark.parametrize("name", GAUSSIAN or ["none"])
@@ -296,7 +301,8 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
     assert not any(c["class_path"].endswith(".DPCallback") for c in config["trainer"].get("callbacks", []))
     privacy = entry["meta"]["privacy"]
     if entry["meta"]["method"] == "StoBatch":  # pure DP from the module's own Laplace releases, no dp group
-        assert config.get("dp") is None and privacy["accountant"] == "laplace"
+        batch = (config["model"]["init_args"].get("model_kwargs") or {}).get("normalization") == "batch"
+        assert config.get("dp") is None and privacy["accountant"] == ("nominal" if batch else "laplace")
         assert privacy["epsilon"] == pytest.approx(config["model"]["init_args"]["epsilon"], rel=1e-9)
         return
     if name in GENERATORS:  # a generative module holds its own DP arguments

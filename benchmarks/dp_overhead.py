@@ -12,9 +12,19 @@ the table reports the median ratio over rounds with its min-max. Modes:
 * ``Opacus ew`` / ``Opacus ghost``: Opacus 1.6 ExpandedWeights and ghost clipping with their DP optimizers, the
   usual hand-written loop; a crash is reported as such (timm ResNets: in-place residual adds, opacus #828).
 
-Memory: ``step MB`` is the step's working memory, the peak resident set (CPU) or peak allocated memory (CUDA) over
-all steps (warm-up included) minus the same measure once the model and the batch exist; the memory ratio divides it
-by non-private's.
+Memory, each measure divided by non-private's for its ratio:
+
+* ``first MB`` and ``later MB``: the peak memory of the first step (warm-up, with any one-time work such as the
+  ghost engine's check against vmap) and of the later steps, above what the process held just before them. CUDA:
+  peak allocated memory of the timed worker (both columns: over all its steps). CPU: a separate worker per mode, run
+  after the timed rounds, with glibc's mmap threshold pinned at 64 KB, so that every tensor above 64 KB has its own
+  mapping and leaves the resident set when freed; its peak resident set (``VmHWM``, reset before each measure) then
+  tracks the live tensors. Library code the steps page in on first use (file-backed resident pages, ``RssFile``,
+  which stay resident) is subtracted. Linux with glibc only.
+* ``RSS MB``: the timed worker's peak resident set (``ru_maxrss``) over all its steps minus the same measure once the
+  model and the batch exist, with glibc's default allocator. That allocator raises its mmap threshold to 32 MB after
+  the first large frees and keeps later freed tensors in its heap, so this measure also counts memory no tensor
+  holds (it varies with the order of allocations, not only with their sizes), and it counts library code.
 
 Usage: ``python benchmarks/dp_overhead.py [--cases cnn_tanh/b256 ...] [--rounds 5] [--steps 3] [--device cpu]``
 """
@@ -22,6 +32,7 @@ Usage: ``python benchmarks/dp_overhead.py [--cases cnn_tanh/b256 ...] [--rounds 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import multiprocessing as mp
 import resource
@@ -40,12 +51,58 @@ CASES = {
     "vit_tiny/b64": ("timm/vit_tiny_patch16_224", (3, 32, 32), 64, {"img_size": 32, "patch_size": 4}),
 }
 MODES = ("non-DP", "ghost", "vmap", "Opacus ew", "Opacus ghost")
+LIVE_STEPS = 2
+"""Later steps of the live-memory worker (after its first, which does any one-time work)."""
 
 
 def _memory_mb(device: str) -> float:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+_M_MMAP_THRESHOLD = -3
+_PINNED_MMAP_THRESHOLD = 64 * 1024
+
+
+def _status_mb(field: str) -> float:
+    """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}: live memory needs Linux")
+
+
+def _pin_malloc() -> None:
+    """glibc: every allocation above 64 KB gets its own mapping (freed at once), and the heap is trimmed."""
+    libc = ctypes.CDLL("libc.so.6")
+    if not libc.mallopt(_M_MMAP_THRESHOLD, _PINNED_MMAP_THRESHOLD):
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed: live memory needs glibc")
+    libc.malloc_trim(0)
+
+
+def _step_memory(steps: int, step) -> float:
+    """Peak resident MB of ``steps`` calls of ``step`` above the resident set before them, less the library code
+    (file-backed pages) they paged in."""
+    base, code = _status_mb("VmRSS"), _status_mb("RssFile")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # resets VmHWM to the current resident set
+    for _ in range(steps):
+        step()
+    return _status_mb("VmHWM") - base - (_status_mb("RssFile") - code)
+
+
+def _live_worker(case: str, mode: str, device: str, steps: int, connection) -> None:
+    """CPU live memory, with the pinned allocator, of the first step and of ``steps`` later ones; one reply."""
+    warnings.filterwarnings("ignore")
+    try:
+        _pin_malloc()
+        step = _build_step(case, mode, device)
+        first = _step_memory(1, step)
+        connection.send({"ok": True, "live": (first, _step_memory(steps, step))})
+    except Exception as error:
+        connection.send({"ok": False, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"})
 
 
 def _ours(module, mode: str, x, y):
@@ -178,29 +235,54 @@ def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, dev
         if "error" not in results[mode]:
             pipe.send(None)
         process.join()
+    for mode, result in results.items():
+        if "error" not in result:
+            result["live"] = _live(case, mode, device, context, result)
     return results
 
 
+def _live(case: str, mode: str, device: str, context, result: dict) -> tuple[float, float] | str:
+    """``(first step, later steps)`` memory of one mode (CUDA: the timed worker's, over all its steps; CPU: a
+    pinned-allocator worker's), or its error."""
+    if device.startswith("cuda"):
+        return (result["peak"] - result["base"],) * 2
+    parent, child = context.Pipe()
+    process = context.Process(target=_live_worker, args=(case, mode, device, LIVE_STEPS, child), daemon=True)
+    process.start()
+    reply = _receive(process, parent)
+    process.join()
+    return reply["live"] if reply["ok"] else reply["error"]
+
+
 def table_rows(case: str, results: dict[str, dict]) -> list[str]:
-    """Markdown rows: ms/step (median over rounds), time ratio median [min-max], step memory and its ratio."""
+    """Markdown rows: ms/step (median over rounds), time ratio median [min-max], live and RSS memory, their ratios."""
     model_name, shape, batch_size, _ = CASES[case]
     base = results.get("non-DP", {})
     rows = []
     for mode, result in results.items():
         head = f"| {model_name} {'x'.join(map(str, shape))} | {batch_size} | {mode} |"
         if "error" in result:
-            rows.append(f"{head} fails: {result['error']} | | | |")
+            rows.append(f"{head} fails: {result['error']} | | | | | | | |")
             continue
         ms = 1000 * statistics.median(result["rounds"])
-        step_mb = result["peak"] - result["base"]
-        ratio, memory = "", ""
+        rss = result["peak"] - result["base"]
+        live = result["live"] if isinstance(result["live"], tuple) else (result["live"],) * 2
+        ratio, live_ratios, rss_ratio = "", ["", ""], ""
         if "rounds" in base and mode != "non-DP":
             ratios = [a / b for a, b in zip(result["rounds"], base["rounds"], strict=True)]
             ratio = f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-            base_mb = base["peak"] - base["base"]
-            memory = f"{step_mb / base_mb:.2f}x" if base_mb > 0 else ""
-        rows.append(f"{head} {ms:.1f} | {ratio} | {step_mb:.0f} | {memory} |")
+            reference = base["live"] if isinstance(base["live"], tuple) else ("",) * 2
+            live_ratios = [_ratio(value, ref) for value, ref in zip(live, reference, strict=True)]
+            rss_ratio = _ratio(rss, base["peak"] - base["base"])
+        cells = [f"{value:.0f}" if isinstance(value, float) else f"fails: {value}" for value in live]
+        memory = f"{cells[0]} | {live_ratios[0]} | {cells[1]} | {live_ratios[1]} | {rss:.0f} | {rss_ratio}"
+        rows.append(f"{head} {ms:.1f} | {ratio} | {memory} |")
     return rows
+
+
+def _ratio(value: float | str, reference: float | str) -> str:
+    ok = isinstance(value, float) and isinstance(reference, float) and reference > 0
+    return f"{value / reference:.2f}x" if ok else ""
 
 
 def main() -> None:
@@ -216,8 +298,11 @@ def main() -> None:
         parser.error("--modes must include non-DP, the reference of every ratio")
     modes = ("non-DP",) + tuple(m for m in args.modes if m != "non-DP")
     print(f"device: {args.device}, threads: {torch.get_num_threads()}, rounds: {args.rounds} x {args.steps} steps")
-    print("| model | batch | mode | ms/step | time / non-DP, median [min-max] | step MB | memory / non-DP |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| model | batch | mode | ms/step | time / non-DP, median [min-max] | first MB | first / non-DP "
+        "| later MB | later / non-DP | RSS MB | RSS / non-DP |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     everything = {}
     for case in args.cases:
         everything[case] = measure_case(case, modes, args.rounds, args.steps, args.device)

@@ -7,6 +7,12 @@ whichever is cheaper for the layer's shapes), then the clipped sum from the same
 scaled by each example's clip factor. Li et al. 2022 (arXiv 2110.05679, ghost clipping); Bu, Mao, Xu 2022 (arXiv
 2205.10683, mixed ghost clipping); Bu, Wang, Zha, Karypis, ICML 2023 (arXiv 2210.00038, book-keeping).
 
+Memory (mixed book-keeping): a layer whose per-example gradients (``B x p`` values) are smaller than its captured
+inputs and output gradients (normalization layers, ViT tokens) is *streamed*: a pre-hook on its output node forms
+its per-example gradients while the backward runs and drops its captures at once, so only the other layers' captures
+are held until every norm is known. A layer whose output node the backward does not run (the first layer: nothing
+below it needs a gradient) keeps its captures (``streamed_rules``).
+
 Activations and output gradients are captured with forward hooks and ``torch.autograd.graph.GradientEdge``s taken
 at forward time, so an in-place op after a layer (timm ResNets' ``x += shortcut``) cannot alter what was captured;
 an in-place change of a captured *input* is detected through its version counter and refused. No full backward
@@ -38,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
-from lightning_dprobust.core.ghost_graph import sequence_marker, stray_rules
+from lightning_dprobust.core.ghost_graph import executed_nodes, sequence_marker, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
     Conv2dRule,
@@ -142,6 +148,32 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
     return [(rule.module, True, lambda *_: _mark(rule)), (rule.module, False, capture_call)]
 
 
+def streamed_rules(losses: Tensor, rules: list[LayerRule], examples: int) -> list[LayerRule]:
+    """The rules that prefer streaming and whose every call's output node the backward runs (a hook on a node that
+    only has its gradient recorded, e.g. the first layer's, would never fire: such rules keep their captures)."""
+    candidates = [rule for rule in rules if rule.calls and rule.prefers_streaming(examples)]
+    if not candidates:
+        return []
+    kept = {call.edge.node for rule in rules if all(rule is not c for c in candidates) for call in rule.calls}
+    executed = executed_nodes(losses, kept)
+    return [rule for rule in candidates if all(call.edge.node in executed for call in rule.calls)]
+
+
+@contextlib.contextmanager
+def _stream_hooks(rules: list[LayerRule], examples: int):
+    """Pre-hooks on the streamed calls' output nodes: each passes its call's output gradient to its rule."""
+
+    def hook_for(rule: LayerRule, call: Capture):
+        return lambda grad_outputs: rule.stream(call, grad_outputs[call.edge.output_nr], examples)
+
+    handles = [call.edge.node.register_prehook(hook_for(rule, call)) for rule in rules for call in rule.calls]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class GhostClipper:
     """Per-example clipped gradient sum by per-layer rules (ghost norm / materialization) and book-keeping.
 
@@ -194,7 +226,7 @@ class GhostClipper:
             names,
         )
         for rule in stray:
-            rule.calls = []
+            rule.reset()
         self.rules = [rule for rule in self.rules if all(rule is not s for s in stray)]
         self.fallback_names = self.fallback_names + names
         self._fallback = self._fallback_clipper()
@@ -256,26 +288,29 @@ class GhostClipper:
         return norms, losses, sums
 
     def _output_gradients(self, part: tuple[Tensor, ...]) -> Tensor:
-        """Forward with capture hooks, then the gradient of the summed losses at every captured edge only."""
+        """Forward with capture hooks, then one backward that computes the gradients at the captured edges only.
+
+        Streamed rules get their calls' output gradients from hooks on the calls' output nodes while the backward
+        runs (their per-example gradients are formed there and their captures dropped); the other rules' output
+        gradients are returned by the backward and kept for book-keeping.
+        """
+        examples = part[0].shape[0]
         for rule in self.rules:
-            rule.calls = []
+            rule.reset()
         with self._hooks():
             losses = getattr(self.module, self.loss_method)(*part)
-        if losses.shape != (part[0].shape[0],):
+        if losses.shape != (examples,):
             raise ValueError(f"{self.loss_method} must return one loss per example, got shape {tuple(losses.shape)}")
         stray = stray_rules(losses, self.rules)
         if stray:
             self._to_fallback(stray)
-        calls = [call for rule in self.rules for call in rule.calls]
-        edges = [call.edge for call in calls]
-        grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True) if calls else []
+        streamed = streamed_rules(losses, self.rules, examples)
+        calls = [call for rule in self.rules if all(rule is not s for s in streamed) for call in rule.calls]
+        with _stream_hooks(streamed, examples):
+            grads = torch.autograd.grad(losses.sum(), [call.edge for call in calls], allow_unused=True) if calls else []
         for call, grad in zip(calls, grads, strict=True):
             call.grad = grad if grad is not None else call.inputs.new_zeros(call.shape)
-            if call.inputs._version != call.version:
-                raise RuntimeError(
-                    "a layer's input was modified in place after the layer used it, so the captured activations are "
-                    "stale: make the model out-of-place (models.make_dp_compatible) or use engine='vmap'"
-                )
+            call.check_unchanged()
         return losses.detach()
 
     @contextlib.contextmanager
@@ -297,7 +332,7 @@ class GhostClipper:
         self.module.eval()
         try:
             ours = self._clipped_part(part)[0]
-            reference = per_example_norms(self.reference.per_example_gradients(part)[0])
+            reference = torch.cat([self._reference_norm(tuple(t[i : i + 1] for t in part)) for i in range(len(ours))])
         finally:
             for m, training in modes.items():
                 m.train(training)
@@ -313,3 +348,8 @@ class GhostClipper:
             raise EngineMismatch(message + "; use engine='vmap'")
         log.warning("%s; using the vmap engine", message)
         self._use_reference = True
+
+    def _reference_norm(self, example: tuple[Tensor, ...]) -> Tensor:
+        """The vmap engine's gradient norm of one example; one example at a time, so that the check holds one
+        parameter-sized gradient at most (as much as a non-private step), not one per checked example."""
+        return per_example_norms(self.reference.per_example_gradients(example)[0])

@@ -69,3 +69,23 @@ def stray_rules(losses: Tensor, rules: Sequence) -> list:
         seen.add(key)
         stack.extend((child, nr, state) for child, nr in node.next_functions if child is not None)
     return list(stray.values())
+
+
+def executed_nodes(losses: Tensor, captured: set) -> set:
+    """The nodes of ``losses``' graph that ``torch.autograd.grad`` runs when asked for gradients at edges of the
+    ``captured`` nodes: those with a path to a captured node (the engine's "needed" nodes; a captured node with no
+    such path only has its incoming gradient recorded, it is not run). The graph is a DAG, so one post-order walk
+    with memoization decides every node."""
+    needed: dict[object, bool] = {}
+    root = losses.grad_fn
+    stack: list[tuple[object, bool]] = [(root, False)] if root is not None else []
+    while stack:
+        node, expanded = stack.pop()
+        children = [child for child, _ in node.next_functions if child is not None]
+        if expanded:
+            needed[node] = any(child in captured or needed[child] for child in children)
+        elif node not in needed:
+            needed[node] = False  # a placeholder until its children are decided (no cycles: never read before)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if child not in needed)
+    return {node for node, is_needed in needed.items() if is_needed}

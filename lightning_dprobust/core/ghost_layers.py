@@ -33,15 +33,24 @@ class Capture:
     """One call of a layer: its input (or the tensor a rule differentiates at), the output edge and its gradient.
 
     ``start`` is an autograd sequence number taken just before the call (``core/ghost_graph.py``): the nodes the call
-    created are those numbered in ``(start, edge.node's number]``.
+    created are those numbered in ``(start, edge.node's number]``. A streamed call (:meth:`LayerRule.stream`) drops
+    its input once its per-example gradients are formed and never holds its output gradient.
     """
 
-    inputs: Tensor
+    inputs: Tensor | None
     version: int
     edge: object
     shape: torch.Size
     start: int = -1
     grad: Tensor | None = None
+
+    def check_unchanged(self) -> None:
+        """Refuse an input modified in place after the layer used it (the captured activations would be stale)."""
+        if self.inputs._version != self.version:
+            raise RuntimeError(
+                "a layer's input was modified in place after the layer used it, so the captured activations are "
+                "stale: make the model out-of-place (models.make_dp_compatible) or use engine='vmap'"
+            )
 
 
 def group_rows(t: Tensor, examples: int) -> Tensor:
@@ -62,10 +71,35 @@ class LayerRule:
     names: dict[str, str]
     calls: list[Capture] = field(default_factory=list)
     start: int = -1
+    streamed: dict[str, Tensor] | None = None
 
     def tensors(self) -> dict[str, Tensor]:
         """Local parameter name -> parameter, for the trainable parameters this rule covers."""
         return {local: getattr(self.module, local) for local in self.names}
+
+    def reset(self) -> None:
+        """Forget the calls and streamed gradients of the last forward."""
+        self.calls, self.streamed = [], None
+
+    def prefers_streaming(self, examples: int) -> bool:
+        """Whether this forward's per-example gradients (``examples x p`` values) are smaller than its captured
+        inputs and output gradients, so that forming them during the backward frees memory (mixed book-keeping,
+        Bu et al. 2023). Only rules that implement :meth:`call_gradients` stream."""
+        return False
+
+    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        """Per-example gradients ``local name -> [B, *shape]`` of one call, from its input and output gradient."""
+        raise NotImplementedError
+
+    def stream(self, call: Capture, grad: Tensor | None, examples: int) -> None:
+        """Called during the backward with the call's output gradient: adds the call's per-example gradients to
+        :attr:`streamed` and drops the call's input, so neither the input nor the output gradient outlives it."""
+        call.check_unchanged()
+        if grad is not None:
+            grads = self.call_gradients(call.inputs, grad, examples)
+            total = self.streamed or {}
+            self.streamed = {k: total[k] + v if k in total else v for k, v in grads.items()}
+        call.inputs = None
 
     def sq_norms(self, examples: int) -> Tensor:
         raise NotImplementedError
@@ -204,25 +238,40 @@ class MaterializedRule(LayerRule):
 
     Used for normalization layers (GroupNorm, LayerNorm, timm's ``GroupNormAct``), embeddings and other small
     layers: the module is re-run on each example's captured input, which is exact when the module is deterministic
-    (no active dropout) and its output depends on its input and parameters only.
+    (no active dropout) and its output depends on its input and parameters only. When the per-example gradients are
+    smaller than the captures (normalization layers: ``2 C`` values per example against ``2 C H W``), they are
+    formed during the backward (:meth:`LayerRule.stream`) and the captures dropped at once.
     """
 
-    def _per_example(self, examples: int) -> dict[str, Tensor]:
+    def prefers_streaming(self, examples: int) -> bool:
+        per_example = examples * sum(p.numel() for p in self.tensors().values())
+        return per_example < sum(call.inputs.numel() + call.shape.numel() for call in self.calls)
+
+    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         params = {local: p.detach() for local, p in self.tensors().items()}
 
         def example_grads(a: Tensor, g: Tensor) -> dict[str, Tensor]:
             _, pullback = vjp(lambda p: functional_call(self.module, p, (a,), strict=False), params)
             return pullback(g)[0]
 
-        total: dict[str, Tensor] = {}
+        return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
+
+    def _per_example(self, examples: int) -> dict[str, Tensor]:
+        """The streamed per-example gradients plus those of the calls captured whole."""
+        total = self.streamed or {}
+        self.streamed = None
         for call in self.calls:
-            grads = vmap(example_grads)(group_rows(call.inputs, examples), group_rows(call.grad, examples))
-            total = {k: total[k] + v if k in total else v for k, v in grads.items()}
+            if call.grad is not None:
+                grads = self.call_gradients(call.inputs, call.grad, examples)
+                total = {k: total[k] + v if k in total else v for k, v in grads.items()}
         return total
 
     def sq_norms(self, examples: int) -> Tensor:
         self._cache = self._per_example(examples)
-        return sum(g.reshape(examples, -1).square().sum(dim=1) for g in self._cache.values())
+        squares = [g.reshape(examples, -1).square().sum(dim=1) for g in self._cache.values()]
+        if not squares:  # no call of this layer reached the losses
+            return next(iter(self.tensors().values())).new_zeros(examples)
+        return sum(squares[1:], squares[0])
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         grads = self._cache
@@ -230,7 +279,7 @@ class MaterializedRule(LayerRule):
         return {self.names[k]: torch.einsum("b,b...->...", factors.to(g.dtype), g) for k, g in grads.items()}
 
 
-class TokenRule(LayerRule):
+class TokenRule(MaterializedRule):
     """timm ``VisionTransformer``'s ``cls_token``, ``reg_token`` and ``pos_embed`` (Dosovitskiy et al. 2021).
 
     ``_pos_embed`` concatenates the tokens to the patch embeddings and adds ``pos_embed``; both are linear in the
@@ -251,14 +300,11 @@ class TokenRule(LayerRule):
             and isinstance(getattr(vit, "patch_embed", None), nn.Module)
         )
 
-    def _per_example(self, examples: int) -> dict[str, Tensor]:
-        g = sum(group_rows(call.grad, examples).sum(dim=1) for call in self.calls)
+    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        g = group_rows(grad, examples).sum(dim=1)
         vit = self.module
         cls = 1 if vit.cls_token is not None else 0
         reg = vit.reg_token.shape[1] if vit.reg_token is not None else 0
         slices = {"cls_token": g[:, :cls], "reg_token": g[:, cls : cls + reg]}
         slices["pos_embed"] = g[:, vit.num_prefix_tokens :] if vit.no_embed_class else g
         return {k: slices[k].unsqueeze(1) for k in self.names}
-
-    sq_norms = MaterializedRule.sq_norms
-    clipped_sum = MaterializedRule.clipped_sum

@@ -1,0 +1,133 @@
+"""Streamed layers: per-example gradients formed during the backward, captures dropped, sums still exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_dprobust.core.ghost import GhostClipper, streamed_rules
+from lightning_dprobust.core.ghost_graph import executed_nodes
+from lightning_dprobust.core.ghost_layers import MaterializedRule, TokenRule
+from lightning_dprobust.core.per_sample import PerExampleClipper
+from lightning_dprobust.methods import DPSGD
+
+
+@pytest.fixture(autouse=True)
+def _double_precision():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+class NormNet(nn.Module):
+    """``first`` normalizes the input (nothing below it needs a gradient, so the backward never runs its output
+    node: it must keep its captures); ``mid`` is called twice (its per-example gradient sums both calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.GroupNorm(1, 1)
+        self.fc1 = nn.Linear(64, 32)
+        self.mid = nn.LayerNorm(32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(self.first(x).flatten(1)))
+        return self.fc2(self.mid(torch.tanh(self.mid(h))))
+
+
+def batch(shape: tuple[int, ...], size: int = 6, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(size, *shape, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def build(model, shape, **kwargs) -> DPSGD:
+    torch.manual_seed(0)
+    return DPSGD(model=model, num_classes=10, input_shape=shape, model_kwargs=kwargs)
+
+
+def assert_equal_to_vmap(module: nn.Module, inputs) -> None:
+    expected = PerExampleClipper(module, "per_example_loss", 0.05)(inputs)
+    ghost = GhostClipper(module, "per_example_loss", 0.05)
+    ghost._verified = True
+    actual = ghost(inputs)
+    torch.testing.assert_close(actual.norms, expected.norms, rtol=1e-7, atol=1e-10)
+    for name, grad in expected.grads.items():
+        assert (actual.grads[name] - grad).norm() <= 1e-7 * grad.norm().clamp_min(1e-12), name
+
+
+def backward_once(module: nn.Module, inputs) -> GhostClipper:
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    ghost._output_gradients(inputs)
+    return ghost
+
+
+def test_small_layers_stream_and_drop_their_captures_the_first_layer_keeps_them():
+    module = build(NormNet(), (1, 8, 8))
+    inputs = batch((1, 8, 8))
+    ghost = backward_once(module, inputs)
+    rules = {rule.module: rule for rule in ghost.rules}
+    mid, first = rules[module.model.mid], rules[module.model.first]
+    assert len(mid.calls) == 2 and all(call.inputs is None and call.grad is None for call in mid.calls)
+    assert set(mid.streamed) == {"weight", "bias"} and mid.streamed["weight"].shape == (6, 32)
+    assert first.streamed is None and first.calls[0].grad is not None  # would never be reached by a hook
+    assert rules[module.model.fc1].calls[0].grad is not None  # ghost-norm layers keep their captures
+    assert_equal_to_vmap(module, inputs)
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "kwargs"),
+    [
+        ("timm/resnet18", (3, 8, 8), {}),
+        ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+    ],
+)
+def test_norm_layers_and_tokens_of_registry_models_stream(model, shape, kwargs):
+    module = build(model, shape, **kwargs)
+    inputs = batch(shape, size=3)
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    for rule in ghost.rules:
+        rule.reset()
+    with ghost._hooks():
+        losses = module.per_example_loss(*inputs)
+    streamed = streamed_rules(losses, ghost.rules, 3)
+    kinds = {type(rule) for rule in streamed}
+    assert MaterializedRule in kinds and kinds <= {MaterializedRule, TokenRule}
+    if "vit" in model:
+        assert TokenRule in kinds
+
+
+@pytest.mark.parametrize("model", [NormNet, "timm/resnet18"])
+def test_executed_nodes_are_the_nodes_the_backward_runs(model):
+    """Pre-hooks on every node of the graph fire exactly on the nodes ``executed_nodes`` names."""
+    shape = (1, 8, 8) if model is NormNet else (3, 8, 8)
+    module = build(model() if model is NormNet else model, shape)
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    with ghost._hooks():
+        losses = module.per_example_loss(*batch(shape, size=2))
+    kept = [call.edge for rule in ghost.rules if not isinstance(rule, MaterializedRule) for call in rule.calls]
+    nodes, stack = set(), [losses.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node not in nodes:
+            nodes.add(node)
+            stack.extend(child for child, _ in node.next_functions if child is not None)
+    fired = set()
+    handles = [node.register_prehook(lambda grads, node=node: fired.add(node)) for node in nodes]
+    torch.autograd.grad(losses.sum(), kept, allow_unused=True)
+    for handle in handles:
+        handle.remove()
+    expected = executed_nodes(losses, {edge.node for edge in kept})
+    assert fired == expected and len(expected) < len(nodes)
+
+
+def test_first_step_check_differentiates_one_example_at_a_time():
+    """The check against vmap holds one example's gradient at a time, not one per checked example."""
+    module = build("timm/resnet18", (3, 8, 8))
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    sizes = []
+    original = ghost.reference.per_example_gradients
+    ghost.reference.per_example_gradients = lambda part: sizes.append(part[0].shape[0]) or original(part)
+    ghost(batch((3, 8, 8), size=5))
+    assert sizes == [1, 1, 1] and not ghost._use_reference

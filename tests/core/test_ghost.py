@@ -32,13 +32,7 @@ DPCERT_VARIANTS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _double_precision():
-    """Both engines in float64, so that 1e-5 relative agreement tests the algebra, not float32 rounding."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("double_precision")
 
 
 def build(method: type, model: str, **kwargs) -> nn.Module:

@@ -13,13 +13,7 @@ from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 
-
-@pytest.fixture(autouse=True)
-def _double_precision():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("double_precision")
 
 
 class Net(nn.Module):

@@ -17,6 +17,7 @@ from lightning_dprobust.methods import StoBatch
 from lightning_dprobust.methods import stobatch as method
 from lightning_dprobust.models.stobatch import StoBatchNet
 from lightning_dprobust.zoo.build import module_privacy_record
+from lightning_dprobust.zoo.catalog import Entry
 from lightning_dprobust.zoo.hub import Zoo
 from tests.helpers import digits, quiet_trainer
 
@@ -111,8 +112,10 @@ def test_batch_normalization_records_a_nominal_claim_never_a_guarantee(tmp_path)
 
 
 def test_zoo_entries_with_batch_normalization_say_nominal():
-    entries = Zoo().list_entries("stobatch_cnn.*")
-    assert any(entry.model["kwargs"].get("normalization") == "batch" for entry in entries)
+    shipped = Zoo().info("stobatch_cnn.stobatch_digits_eps2").to_dict()
+    shipped["model"]["kwargs"]["normalization"] = "batch"
+    shipped["meta"]["privacy"]["accountant"] = "nominal"
+    entries = [*Zoo().list_entries("stobatch_cnn.*"), Entry.from_dict(shipped, "stobatch_cnn.batch_norm_example")]
     for entry, row in zip(entries, table_rows(entries), strict=True):
         batch = entry.model["kwargs"].get("normalization", "none") == "batch"
         if entry.meta["privacy"] is None or not entry.shipped:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -65,6 +67,18 @@ def trained_digits_classifier() -> tuple[torch.nn.Module, torch.Tensor, torch.Te
     optimizer.zero_grad(set_to_none=True)
     model.eval()
     return model, *data.test_set.tensors
+
+
+def wandb_run_file(folder, timeout: float = 30.0):
+    """The one offline W&B run file (``wandb/offline-run-*/run-*.wandb``) under ``folder``, waiting up to ``timeout``
+    seconds for W&B's service process to create it after ``run.finish()`` (it can lag on a loaded machine)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (found := sorted(Path(folder).glob("wandb/offline-run-*/run-*.wandb"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(found) == 1, f"expected one offline W&B run file under {folder}, found {found}"
+    return found[0]
 
 
 def read_wandb_records(run_file, timeout: float = 30.0) -> list:

@@ -12,9 +12,10 @@ SHORT = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--tra
 
 
 def mimic_recipe(data_dir, *extra):
+    """The MIMIC-IV-ED recipe on fake files, writing its run folder under ``data_dir`` (never into the repository)."""
+    where = [f"--trainer.default_root_dir={data_dir}/run", f"--data.init_args.data_dir={data_dir}"]
     return build_recipe(
-        CONFIG_DIR / "igamt" / "mimic_iv_ed.yaml",
-        [*SHORT, f"--data.init_args.data_dir={data_dir}", "--data.init_args.batch_size=2", *extra],
+        CONFIG_DIR / "igamt" / "mimic_iv_ed.yaml", [*SHORT, *where, "--data.init_args.batch_size=2", *extra]
     )
 
 

@@ -23,7 +23,7 @@ from lightning_dprobust.metrics.synthetic import (
 )
 from lightning_dprobust.metrics.synthetic_metric import SyntheticSimilarity
 from lightning_dprobust.metrics.synthetic_plots import log_synthetic_evaluation, write_synthetic_plots
-from tests.helpers import read_wandb_history
+from tests.helpers import read_wandb_history, wandb_run_file
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -141,7 +141,7 @@ def test_plots_are_written_and_logged_to_wandb(ehr, tmp_path):
     logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="synthetic-test")
     log_synthetic_evaluation([logger], report, images, step=0)
     logger.experiment.finish()
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(tmp_path)
     logged = logged_rows(run_file, expected_rows=1 + len(images))
     assert logged["synthetic/minkowski"] == pytest.approx(report["synthetic/minkowski"])
     assert all("image" in logged[f"synthetic/{name}/_type"] for name in images)

@@ -340,10 +340,10 @@ def test_the_embedded_data_entries_are_shipped():
         "ain_digits_untargeted",
         "erm_digits_public",
         "ain_digits_public_untargeted",
-        *(f"stobatch_digits_eps{epsilon}" for epsilon in ("05", "2", "8")),
+        *(f"stobatch_digits_eps{epsilon}" for epsilon in ("2", "8")),  # eps 0.5 does not learn: a recipe
         "rp1_en1_digits",
         "rp1_en5_digits",
         "rp2_en1_digits",
         "rp2_en5_digits",
-        *(f"stobatch_digits_eps{epsilon}" for epsilon in ("05", "2", "8")),
+        *(f"stobatch_digits_eps{epsilon}" for epsilon in ("2", "8")),  # eps 0.5 does not learn: a recipe
     }

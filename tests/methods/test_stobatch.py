@@ -44,7 +44,8 @@ class StepRecorder(L.Callback):
 
 def test_fit_learns_records_four_laplace_releases_and_logs_epsilon(tmp_path, caplog):
     torch.manual_seed(0)
-    sto = module(epsilon=2.0)
+    with pytest.warns(UserWarning, match="reproducibility mode"):  # a fixed draw: a secret one varies too much
+        sto = module(epsilon=2.0, noise_seed=0)
     trainer = quiet_trainer(tmp_path, max_epochs=8, limit_val_batches=None, callbacks=[LedgerLogger()])
     with caplog.at_level("INFO"):
         trainer.fit(sto, digits())
@@ -52,7 +53,7 @@ def test_fit_learns_records_four_laplace_releases_and_logs_epsilon(tmp_path, cap
     released = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
     sto.net.inference_noise = "training_draw"
     paper = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
-    assert released > 0.3 and paper > 0.3  # chance is 0.1; 8 epochs from a secret draw vary (0.49 to 0.85 seen)
+    assert released > 0.3 and paper > 0.3  # chance is 0.1
     releases = {event.source: event.epsilon for event in sto.ledger.laplace}
     assert releases == {
         "stobatch.autoencoder": pytest.approx(sto.epsilon1),

@@ -103,14 +103,15 @@ def test_training_draw_mode_needs_the_draw_and_modes_are_checked():
         assert "\n" not in str(error.value)
 
 
-def test_a_logger_that_uploads_checkpoints_is_refused(tmp_path, monkeypatch):
+def test_a_logger_that_uploads_checkpoints_is_refused(tmp_path):
     """The training checkpoint keeps the draw; W&B's ``log_model`` would publish it with the logs."""
     from lightning.pytorch.loggers import WandbLogger
 
-    monkeypatch.setenv("WANDB_MODE", "disabled")
     trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1)
-    trainer.loggers = [WandbLogger(save_dir=tmp_path, log_model="all")]
+    logger = WandbLogger(save_dir=tmp_path, log_model="all")
+    trainer.loggers = [logger]
     sto = module()
     with pytest.raises(ValueError, match=r"log_model='all'\) would upload .* secret Laplace noise draw"):
         trainer.fit(sto, digits())
+    logger.experiment.finish()  # Lightning started the run before the refusal; a live run would capture later loggers
     assert not bool(sto.net.noise_drawn)  # refused before anything was drawn

@@ -10,7 +10,6 @@ Phan et al. (2020, Sec. 4): conventional accuracy (correct predictions) and cert
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from lightning_dprobust.cli.args import (
     resolve_device,
 )
 from lightning_dprobust.core.pixeldp import BOUNDS, CONDITIONS
-from lightning_dprobust.robustness.certify import single_label
+from lightning_dprobust.robustness.certify import single_label, write_csv
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
 
 DEFAULT_N = 1000
@@ -91,7 +90,10 @@ def pixeldp_command(args: argparse.Namespace) -> None:
         rows, summary = _certify_model(model, psi[label], x, y, indices, attacks, args, num_classes)
         table = _table(summary)
         print(f"\n{label}: {args.data}/{args.split}, {_settings(args, model, psi[label])}\n\n{table}")
-        written += [_write_csv(rows, out / label / "pixeldp.csv"), write_text(table, out / label / "summary.md")]
+        written += [
+            write_csv(rows, out / label / "pixeldp.csv", COLUMNS),
+            write_text(table, out / label / "summary.md"),
+        ]
         metrics.update({f"{label}/{key}": value for key, value in summary.items()})
     if args.wandb:
         written.append(log_wandb(out, "certify", vars(args), metrics))
@@ -165,15 +167,6 @@ def _rows(indices: list[int], y: Tensor, attack: str, mu: float, cert) -> list[t
     return [
         (i, int(label), attack, mu, *values) for i, label, *values in zip(indices, y.tolist(), *columns, strict=True)
     ]
-
-
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as stream:
-        writer = csv.DictWriter(stream, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 def _table(summary: dict[str, float]) -> str:

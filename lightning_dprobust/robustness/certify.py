@@ -177,12 +177,12 @@ def write_markdown(summary: Mapping[str, float], path: str | os.PathLike, label:
     return write_text(format_summary({label: summary}), path)
 
 
-def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """Write rows with the columns of :data:`CSV_COLUMNS` (radius at full float precision); return the path."""
+def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, columns: Sequence[str] = CSV_COLUMNS) -> Path:
+    """Write rows with ``columns`` (default :data:`CSV_COLUMNS`, radius at full float precision); return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as stream:
-        writer = csv.DictWriter(stream, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(stream, fieldnames=list(columns))
         writer.writeheader()
         writer.writerows(rows)
     return path

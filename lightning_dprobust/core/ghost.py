@@ -44,15 +44,16 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
+from lightning_dprobust.core.ghost_conv import Conv2dRule
 from lightning_dprobust.core.ghost_graph import executed_nodes, sequence_marker, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
-    Conv2dRule,
     LayerRule,
     LinearRule,
     MaterializedRule,
     TokenRule,
 )
+from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.per_sample import (
     ClippedSum,
     PerExampleClipper,
@@ -86,6 +87,8 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
         return Conv2dRule(module, names)
     if set(names) <= {"cls_token", "reg_token", "pos_embed"} and TokenRule.supports(module):
         return TokenRule(module, names)
+    if NormRule.supports(module):
+        return NormRule(module, names)
     has_param_children = any(True for child in module.children() for _ in child.parameters())
     if not has_param_children and not _is_stochastic(module):
         return MaterializedRule(module, names)

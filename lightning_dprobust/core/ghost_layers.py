@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 
@@ -101,6 +100,30 @@ class LayerRule:
             self.streamed = {k: total[k] + v if k in total else v for k, v in grads.items()}
         call.inputs = None
 
+    def _per_example(self, examples: int) -> dict[str, Tensor]:
+        """The streamed per-example gradients plus those of the calls captured whole."""
+        total = self.streamed or {}
+        self.streamed = None
+        for call in self.calls:
+            if call.grad is not None:
+                grads = self.call_gradients(call.inputs, call.grad, examples)
+                total = {k: total[k] + v if k in total else v for k, v in grads.items()}
+        return total
+
+    def _kept_sq_norms(self, examples: int) -> Tensor:
+        """Squared norms from materialized per-example gradients, which are kept for :meth:`_kept_clipped_sum`."""
+        self._cache = self._per_example(examples)
+        squares = [g.reshape(examples, -1).square().sum(dim=1) for g in self._cache.values()]
+        if not squares:  # no call of this layer reached the losses
+            return next(iter(self.tensors().values())).new_zeros(examples)
+        return sum(squares[1:], squares[0])
+
+    def _kept_clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        """``sum_i c_i grad_i`` from the kept per-example gradients (book-keeping, Bu et al. 2023)."""
+        grads = self._cache
+        del self._cache
+        return {self.names[k]: torch.einsum("b,b...->...", factors.to(g.dtype), g) for k, g in grads.items()}
+
     def sq_norms(self, examples: int) -> Tensor:
         raise NotImplementedError
 
@@ -158,81 +181,6 @@ def weight_sq_norms(a: Tensor, g: Tensor) -> Tensor:
     return torch.bmm(g.transpose(1, 2), a).square().sum(dim=(1, 2))
 
 
-class Conv2dRule(LinearRule):
-    """``nn.Conv2d`` (``groups=1``, zero padding): unfolded into a linear map over output positions for the norms;
-    the clipped sum is the convolution's own weight gradient of the scaled output gradients (no unfolded copy)."""
-
-    def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
-        conv = self.module
-        cols = F.unfold(call.inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
-        return cols.transpose(1, 2), call.grad.flatten(2).transpose(1, 2)
-
-    def sq_norms(self, examples: int) -> Tensor:
-        """Materialized weight norms by one grouped weight-gradient convolution (examples as groups) when that is
-        the cheaper side of the mixed rule and the layer ran once; otherwise the unfolded linear-map route."""
-        conv = self.module
-        if len(self.calls) != 1 or "weight" not in self.names:
-            return self._unfolded_sq_norms(examples)
-        call = self.calls[0]
-        positions = call.grad[0].flatten(1).shape[1] * (call.grad.shape[0] // max(examples, 1))
-        d, p = conv.weight[0].numel(), conv.out_channels
-        if positions * (d + p) < d * p:
-            return self._unfolded_sq_norms(examples)
-        self._cache = None
-        x = group_rows(call.inputs, examples).transpose(0, 1).flatten(1, 2)  # [k, B C, H, W]
-        g = group_rows(call.grad, examples).transpose(0, 1).flatten(1, 2)
-        weight = conv.weight.detach().repeat(examples, 1, 1, 1)
-        per_example = self._weight_grad(g, x, weight, examples, (True, False))[0].view(examples, -1)
-        total = per_example.square().sum(dim=1)
-        if "bias" in self.names:
-            total = total + group_rows(call.grad, examples).sum(dim=(1, 3, 4)).square().sum(dim=1)
-        return total
-
-    def _unfolded_sq_norms(self, examples: int) -> Tensor:
-        """The linear-map route on the unfolded input; the unfolded copy is dropped at once (the clipped sum does not
-        need it), so it never coexists with other layers' copies."""
-        total = super().sq_norms(examples)
-        self._cache = None
-        return total
-
-    def _weight_grad(
-        self, grad: Tensor, inputs: Tensor, weight: Tensor, groups: int, mask: tuple[bool, bool]
-    ) -> tuple[Tensor | None, Tensor | None]:
-        """``(weight, bias)`` gradients of the convolution (``mask`` says which) summed over the batch dim."""
-        conv = self.module
-        _, w, b = torch.ops.aten.convolution_backward(
-            grad,
-            inputs,
-            weight,
-            [weight.shape[0]],
-            conv.stride,
-            conv.padding,
-            conv.dilation,
-            False,
-            [0, 0],
-            groups,
-            [False, *mask],
-        )
-        return w, b
-
-    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        del self._cache
-        conv, out = self.module, {}
-        for call in self.calls:
-            rows = factors.to(call.grad.dtype).repeat_interleave(call.grad.shape[0] // factors.shape[0])
-            scaled = call.grad * rows[:, None, None, None]
-            mask = ("weight" in self.names, "bias" in self.names)
-            weight, bias = self._weight_grad(scaled, call.inputs, conv.weight.detach(), 1, mask)
-            for local, grad in (("weight", weight), ("bias", bias)):
-                if local in self.names:
-                    out[self.names[local]] = out.get(self.names[local], 0) + grad
-        return out
-
-    @staticmethod
-    def supports(conv: nn.Conv2d) -> bool:
-        return conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
-
-
 class MaterializedRule(LayerRule):
     """Any deterministic module with its own parameters: per-example gradients by ``vmap(vjp)`` of the module alone.
 
@@ -256,27 +204,11 @@ class MaterializedRule(LayerRule):
 
         return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
 
-    def _per_example(self, examples: int) -> dict[str, Tensor]:
-        """The streamed per-example gradients plus those of the calls captured whole."""
-        total = self.streamed or {}
-        self.streamed = None
-        for call in self.calls:
-            if call.grad is not None:
-                grads = self.call_gradients(call.inputs, call.grad, examples)
-                total = {k: total[k] + v if k in total else v for k, v in grads.items()}
-        return total
-
     def sq_norms(self, examples: int) -> Tensor:
-        self._cache = self._per_example(examples)
-        squares = [g.reshape(examples, -1).square().sum(dim=1) for g in self._cache.values()]
-        if not squares:  # no call of this layer reached the losses
-            return next(iter(self.tensors().values())).new_zeros(examples)
-        return sum(squares[1:], squares[0])
+        return self._kept_sq_norms(examples)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        grads = self._cache
-        del self._cache
-        return {self.names[k]: torch.einsum("b,b...->...", factors.to(g.dtype), g) for k, g in grads.items()}
+        return self._kept_clipped_sum(factors)
 
 
 class TokenRule(MaterializedRule):

@@ -9,7 +9,9 @@ from torch import nn
 
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
-from lightning_dprobust.core.ghost_layers import Conv2dRule, LinearRule, MaterializedRule, TokenRule
+from lightning_dprobust.core.ghost_conv import Conv2dRule
+from lightning_dprobust.core.ghost_layers import LinearRule, TokenRule
+from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
 from lightning_dprobust.robustness.attacks import build_attack
@@ -140,7 +142,7 @@ def test_chunked_equals_unchunked():
 
 def test_rules_cover_the_registry_models_without_fallback():
     kinds = {type(rule) for model in MODELS for rule in plan_rules(build(DPSGD, model))[0]}
-    assert kinds == {LinearRule, Conv2dRule, MaterializedRule, TokenRule}
+    assert kinds == {LinearRule, Conv2dRule, NormRule, TokenRule}
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
 
 

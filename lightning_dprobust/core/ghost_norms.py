@@ -1,0 +1,72 @@
+"""Closed-form per-example gradients of GroupNorm and LayerNorm affine parameters.
+
+A normalization layer computes ``y = x_hat * w + b`` where ``x_hat`` normalizes each example alone (GroupNorm: per
+group of channels, Wu and He 2018, arXiv 1803.08494; LayerNorm: over the trailing ``normalized_shape`` dims, Ba et al.
+2016, arXiv 1607.06450). With ``g = dL/dy``, one example's gradients are
+
+    ``dL/dw = sum over positions of g * x_hat``,   ``dL/db = sum over positions of g``,
+
+where the positions are the dims ``w`` broadcasts over (GroupNorm: the spatial dims; LayerNorm: the leading dims
+other than the batch). ``x_hat`` is recomputed from the captured input by the same normalization without the affine
+map, so one rule costs one normalization forward, one product and two reductions: no ``vmap`` of the layer's forward
+and backward (:class:`~lightning_dprobust.core.ghost_layers.MaterializedRule`, which these rules specialize).
+
+Only layers whose forward is exactly that formula are covered: ``nn.GroupNorm`` and ``nn.LayerNorm``, timm's
+``GroupNorm`` and ``LayerNorm`` (their plain, not "fast", path) and timm's ``GroupNormAct`` without dropout or
+activation (what ``models.make_dp_compatible`` builds). Other subclasses (e.g. timm's ``LayerNorm2d``, which
+normalizes the channel dim of ``NCHW``) keep the generic rule.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_dprobust.core.ghost_layers import MaterializedRule, group_rows
+
+
+def _exact_types() -> dict[type, str]:
+    from timm.layers import GroupNorm, GroupNormAct, LayerNorm
+
+    return {nn.GroupNorm: "group", GroupNorm: "group", GroupNormAct: "group", nn.LayerNorm: "layer", LayerNorm: "layer"}
+
+
+def norm_kind(module: nn.Module) -> str | None:
+    """``"group"`` or ``"layer"`` for a normalization layer this module's closed form covers, else ``None``."""
+    kind = _exact_types().get(type(module))
+    if kind is None or getattr(module, "_fast_norm", False):
+        return None
+    extras = [getattr(module, name, None) for name in ("drop", "act")]
+    if any(extra is not None and not isinstance(extra, nn.Identity) for extra in extras):
+        return None
+    return kind
+
+
+class NormRule(MaterializedRule):
+    """GroupNorm / LayerNorm affine parameters: per-example gradients in closed form (see the module docstring)."""
+
+    @staticmethod
+    def supports(module: nn.Module) -> bool:
+        return norm_kind(module) is not None
+
+    def _normalized(self, inputs: Tensor) -> Tensor:
+        norm = self.module
+        if norm_kind(norm) == "group":
+            return F.group_norm(inputs, norm.num_groups, eps=norm.eps)
+        return F.layer_norm(inputs, norm.normalized_shape, eps=norm.eps)
+
+    def _position_dims(self, rows: Tensor) -> tuple[int, ...]:
+        """The dims of ``[B, k, ...]`` grouped rows that the affine parameters broadcast over (``k`` included)."""
+        if norm_kind(self.module) == "group":
+            return (1, *range(3, rows.dim()))
+        return tuple(range(1, rows.dim() - len(self.module.normalized_shape)))
+
+    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        g = group_rows(grad, examples)
+        dims = self._position_dims(g)
+        out = {}
+        if "weight" in self.names:
+            out["weight"] = (g * group_rows(self._normalized(inputs), examples)).sum(dim=dims)
+        if "bias" in self.names:
+            out["bias"] = g.sum(dim=dims)
+        return out

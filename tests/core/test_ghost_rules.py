@@ -1,0 +1,163 @@
+"""The closed-form normalization rule and the three convolution routes agree with the vmap engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import GroupNormAct, LayerNorm, LayerNorm2d
+from torch import nn
+
+from lightning_dprobust.core.ghost import GhostClipper, plan_rules
+from lightning_dprobust.core.ghost_conv import Conv2dRule
+from lightning_dprobust.core.ghost_layers import MaterializedRule
+from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
+from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
+
+pytestmark = pytest.mark.usefixtures("double_precision")
+
+NORMS = {
+    "groupnorm_2d": (lambda: nn.GroupNorm(2, 4), (3, 4, 5, 5)),
+    "groupnorm_1d": (lambda: nn.GroupNorm(4, 4), (3, 4, 7)),
+    "groupnorm_act": (lambda: GroupNormAct(4, num_groups=2, apply_act=False), (3, 4, 5, 5)),
+    "layernorm_tokens": (lambda: nn.LayerNorm(6), (3, 5, 6)),
+    "layernorm_two_dims": (lambda: nn.LayerNorm((5, 6)), (3, 5, 6)),
+    "layernorm_no_bias": (lambda: nn.LayerNorm(6, bias=False), (3, 6)),
+    "timm_layernorm": (lambda: LayerNorm(6), (3, 2, 6)),
+}
+
+
+def _randomized(module: nn.Module) -> nn.Module:
+    """Affine parameters away from (1, 0), so that a wrong formula cannot hide behind the identity."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p))
+    return module
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("rows_per_example", [1, 2])
+def test_norm_rule_per_example_gradients_equal_the_generic_rule(name, rows_per_example):
+    build, shape = NORMS[name]
+    module = _randomized(build())
+    names = {local: local for local, _ in module.named_parameters()}
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(shape[0] * rows_per_example, *shape[1:], generator=generator)
+    grad = torch.randn_like(inputs)
+    ours = NormRule(module, names).call_gradients(inputs, grad, shape[0])
+    reference = MaterializedRule(module, names).call_gradients(inputs, grad, shape[0])
+    assert ours.keys() == reference.keys() == names.keys()
+    for local, expected in reference.items():
+        torch.testing.assert_close(ours[local], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        LayerNorm2d(4),  # normalizes the channel dim of NCHW: not the formula
+        GroupNormAct(4, num_groups=2, apply_act=True),  # an activation after the affine map
+        type("Scaled", (nn.GroupNorm,), {"forward": lambda self, x: 2 * super(type(self), self).forward(x)})(2, 4),
+    ],
+    ids=["layernorm2d", "groupnorm_act_relu", "subclass"],
+)
+def test_layers_outside_the_closed_form_keep_the_generic_rule(module):
+    assert norm_kind(module) is None
+    rules, leftover = plan_rules(module)
+    assert [type(rule) for rule in rules] == [MaterializedRule] and not leftover
+
+
+def test_fast_norm_layers_keep_the_generic_rule():
+    layer = LayerNorm(6)
+    layer._fast_norm = True
+    assert norm_kind(layer) is None
+
+
+class Convs(nn.Module):
+    """One convolution called ``calls`` times on ``views`` rows per example, then a linear head."""
+
+    def __init__(self, conv: nn.Conv2d, size: int, calls: int = 1):
+        super().__init__()
+        self.conv, self.calls = conv, calls
+        out = torch.zeros(1, conv.in_channels, size, size)
+        for _ in range(calls):
+            out = conv(out)
+        self.head = nn.Linear(out[0].numel(), 3)
+
+    def forward(self, x):
+        h = x
+        for _ in range(self.calls):
+            h = torch.tanh(self.conv(h))
+        return self.head(h.flatten(1))
+
+
+class Wrapper(nn.Module):
+    def __init__(self, net: nn.Module, views: int):
+        super().__init__()
+        self.net, self.views = net, views
+
+    def per_example_loss(self, x, y):
+        rows = (
+            x.repeat_interleave(self.views, dim=0)
+            * torch.linspace(0.5, 1.5, self.views).repeat(x.shape[0])[:, None, None, None]
+        )
+        logits = self.net(rows).view(x.shape[0], self.views, -1).mean(1)
+        return F.cross_entropy(logits, y, reduction="none")
+
+
+# (conv, input size, route): ghost when 2 T (d + p) < d p; kept when B (d p + p) <= captures
+CONVS = {
+    "ghost": (lambda: nn.Conv2d(16, 16, 3, stride=2, padding=1), 4, "ghost"),
+    "kept": (lambda: nn.Conv2d(1, 2, 3, padding=1), 6, "kept"),
+    "dropped": (lambda: nn.Conv2d(16, 16, 3, padding=1), 3, "dropped"),
+    "dropped_no_bias": (lambda: nn.Conv2d(16, 16, 3, padding=1, bias=False), 3, "dropped"),
+}
+
+
+def _route(rule: Conv2dRule, examples: int) -> str:
+    if rule.keeps_per_example(examples):
+        return "kept"
+    return "dropped" if rule._materializes(examples) else "ghost"
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+@pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
+def test_each_convolution_route_equals_the_vmap_engine(name, views, calls):
+    build, size, route = CONVS[name]
+    torch.manual_seed(0)
+    conv = build()
+    if calls == 2 and conv.in_channels != conv.out_channels:
+        conv = nn.Conv2d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
+    module = Wrapper(Convs(conv, size, calls), views)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(5, conv.in_channels, size, size, generator=generator)
+    inputs = (x, torch.randint(0, 3, (5,), generator=generator))
+    per_example, _ = PerExampleClipper(module, "per_example_loss", 1.0).per_example_gradients(inputs)
+    norms = per_example_norms(per_example)
+    bound = float(norms.median())
+    factors = clip_factors(norms, bound, "flat")
+    ghost = GhostClipper(module, "per_example_loss", bound)
+    ghost._verified = True
+    actual = ghost(inputs)
+    if calls == 1 and views == 1:
+        probe = GhostClipper(module, "per_example_loss", bound)
+        probe._output_gradients(inputs)
+        assert _route(next(rule for rule in probe.rules if isinstance(rule, Conv2dRule)), 5) == route
+    torch.testing.assert_close(actual.norms, norms, rtol=1e-10, atol=1e-12)
+    for full, grad in per_example.items():
+        expected = torch.einsum("b,b...->...", factors, grad)
+        torch.testing.assert_close(actual.grads[full], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 8, 3, padding=1)
+    conv.weight.requires_grad_(False)
+    module = Wrapper(Convs(conv, 6), 1)
+    generator = torch.Generator().manual_seed(3)
+    inputs = (torch.randn(4, 4, 6, 6, generator=generator), torch.randint(0, 3, (4,), generator=generator))
+    reference = PerExampleClipper(module, "per_example_loss", 0.1)(inputs)
+    ghost = GhostClipper(module, "per_example_loss", 0.1)
+    actual = ghost(inputs)
+    torch.testing.assert_close(actual.norms, reference.norms, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(actual.grads["net.conv.bias"], reference.grads["net.conv.bias"])

@@ -5,10 +5,7 @@ giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 
 ``G^T A`` costs ``~T d p``). The rule picks, per forward (Bu, Mao, Xu 2022, "mixed ghost clipping", arXiv 2205.10683;
 Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv 2210.00038):
 
-* **ghost**: when ``2 T (d + p) < d p``. The factor 2 favours materialization when the two are close: the ghost norm
-  also unfolds the input (``T d`` values per example) and multiplies many small matrices, which on a CPU made it
-  2.5x slower than materialization at ``T (d + p) = 0.88 d p`` (``cnn_tanh``'s second convolution, batch 64) while
-  staying faster wherever ``T (d + p) <= 0.5 d p`` (timm ResNet-18 at 32x32: 0.75x to 0.5x the time);
+* **ghost**: when ``T (d + p) < d p``;
 * **materialized, kept**: otherwise, when the per-example gradients (``B (d p + p)`` values) are no larger than the
   captured inputs and output gradients. They are formed by one grouped weight-gradient convolution (examples as
   groups), during the backward where the backward runs the layer's output node (the captures are dropped at once,
@@ -27,10 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows
-
-GHOST_ADVANTAGE = 2
-"""Ghost norm only where its Gram products cost less than ``1 / GHOST_ADVANTAGE`` of materialization's."""
-
 
 class Conv2dRule(LinearRule):
     """``nn.Conv2d``: ghost norm, or materialized per-example gradients kept or dropped (module docstring)."""
@@ -52,7 +45,7 @@ class Conv2dRule(LinearRule):
             return True  # bias only: its per-example gradient is a sum of output gradients
         d, p = conv.weight[0].numel(), conv.out_channels
         positions = sum(math.prod(call.shape[2:]) * (call.shape[0] // max(examples, 1)) for call in self.calls)
-        return GHOST_ADVANTAGE * positions * (d + p) >= d * p
+        return positions * (d + p) >= d * p
 
     def keeps_per_example(self, examples: int) -> bool:
         """Whether this forward's per-example gradients are materialized and kept (decided once per forward, while
@@ -110,7 +103,8 @@ class Conv2dRule(LinearRule):
             weight, bias = self._weight_grad(scaled, call.inputs, conv.weight.detach(), 1, mask)
             for local, grad in (("weight", weight), ("bias", bias)):
                 if local in self.names:
-                    out[self.names[local]] = out.get(self.names[local], 0) + grad
+                    name = self.names[local]
+                    out[name] = out[name].add_(grad) if name in out else grad
         return out
 
     def _weight_grad(

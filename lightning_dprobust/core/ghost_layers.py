@@ -52,6 +52,11 @@ class Capture:
             )
 
 
+def squared_norms(per_example: Tensor) -> Tensor:
+    """``[B, ...] -> [B]``: each example's squared L2 norm, without a squared copy of ``per_example``."""
+    return torch.linalg.vector_norm(per_example.reshape(per_example.shape[0], -1), dim=1).square()
+
+
 def group_rows(t: Tensor, examples: int) -> Tensor:
     """``[N, ...] -> [B, N / B, ...]``: the rows of each example (consecutive), or a clear error."""
     if examples == 0 or t.shape[0] % examples:
@@ -113,7 +118,7 @@ class LayerRule:
     def _kept_sq_norms(self, examples: int) -> Tensor:
         """Squared norms from materialized per-example gradients, which are kept for :meth:`_kept_clipped_sum`."""
         self._cache = self._per_example(examples)
-        squares = [g.reshape(examples, -1).square().sum(dim=1) for g in self._cache.values()]
+        squares = [squared_norms(g) for g in self._cache.values()]
         if not squares:  # no call of this layer reached the losses
             return next(iter(self.tensors().values())).new_zeros(examples)
         return sum(squares[1:], squares[0])
@@ -175,10 +180,10 @@ def weight_sq_norms(a: Tensor, g: Tensor) -> Tensor:
     """``||G_i^T A_i||_F^2`` for each example: ghost norm when ``T (d + p) < d p``, else materialized."""
     positions, d, p = a.shape[1], a.shape[2], g.shape[2]
     if positions == 1:
-        return a.square().sum(dim=(1, 2)) * g.square().sum(dim=(1, 2))
+        return squared_norms(a) * squared_norms(g)
     if positions * (d + p) < d * p:
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
-    return torch.bmm(g.transpose(1, 2), a).square().sum(dim=(1, 2))
+    return squared_norms(torch.bmm(g.transpose(1, 2), a))
 
 
 class MaterializedRule(LayerRule):

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows
 
+
 class Conv2dRule(LinearRule):
     """``nn.Conv2d``: ghost norm, or materialized per-example gradients kept or dropped (module docstring)."""
 

@@ -2,8 +2,8 @@
 
 Rows, each trained from its shipped recipe with ``seed_everything`` and the Poisson sampler's seed set to the seed:
 
-* ``transdenoiser``: ``configs/transdenoiser/digits.yaml`` (DnCNN-GN denoiser in front of the public
-  ``mlp_tanh.erm_digits``, xi_up 2.0, (1, 1e-5)-DP);
+* ``transdenoiser``: ``configs/transdenoiser/digits.yaml`` (DnCNN-GN denoiser trained on the private half of the
+  train split in front of ``mlp_tanh.erm_digits_public``, trained on the public half; xi_up 2.0, (1, 1e-5)-DP);
 * ``sepdp``: the same with ``TransDenoiserCallback(mode="sepdp")`` (plain gradient noise xi_up);
 * ``nodp``: the same without the ``dp`` group (input perturbation only, not private);
 * ``dpsgd+smoothing``: ``configs/dpsgd/digits.yaml`` at target_epsilon 1, certified with sigma 0.25;

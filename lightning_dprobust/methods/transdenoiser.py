@@ -44,7 +44,7 @@ def load_public_classifier(
     if classifier not in names:
         raise ValueError(
             f"{owner}={classifier!r}) is neither a zoo entry nor 'timm/<arch>': pass a public "
-            "pre-trained classifier, e.g. 'mlp_tanh.erm_digits' (see `dprobust zoo list`)"
+            "pre-trained classifier, e.g. 'mlp_tanh.erm_digits_public' (see `dprobust zoo list`)"
         )
     try:
         return zoo.load(classifier)
@@ -73,8 +73,10 @@ class TransDenoiser(ClassifierModule):
         transformation counts it as privacy noise); ``noise_seed`` is a warned test mode.
 
     Args:
-        classifier: the public classifier ``h``: a zoo entry name (e.g. ``"mlp_tanh.erm_digits"``), ``"timm/<arch>"``
-            (timm's pretrained weights), or a module mapping ``[0, 1]`` images to logits.
+        classifier: the public classifier ``h``: a zoo entry name, ``"timm/<arch>"`` (timm's pretrained weights), or a
+            module mapping ``[0, 1]`` images to logits. The pipeline ``h(g(x))`` is private only if ``h`` never saw
+            the private data: the default ``"mlp_tanh.erm_digits_public"`` was trained on the public half of digits'
+            training split, so train the denoiser on the other half (``DigitsDataModule(train_part="private")``).
         denoiser: registry name of ``g`` (default ``"dncnn_gn"``); its first / middle / last parameter-owning
             modules are the slices.
         denoiser_kwargs: arguments of the denoiser's constructor (e.g. ``{width: 32, depth: 5}``).
@@ -98,7 +100,7 @@ class TransDenoiser(ClassifierModule):
 
     def __init__(
         self,
-        classifier: str | nn.Module = "mlp_tanh.erm_digits",
+        classifier: str | nn.Module = "mlp_tanh.erm_digits_public",
         denoiser: str = "dncnn_gn",
         denoiser_kwargs: dict[str, Any] | None = None,
         sigma: float = 0.25,

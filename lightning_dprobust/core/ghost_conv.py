@@ -5,11 +5,7 @@ giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 
 ``G^T A`` costs ``~T d p``). The rule picks, per forward (Bu, Mao, Xu 2022, "mixed ghost clipping", arXiv 2205.10683;
 Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv 2210.00038):
 
-* **ghost**: when ``GHOST_ADVANTAGE T (d + p) < d p``. The factor 2 favours materialization where the two are close:
-  the ghost norm also unfolds the input (``T d`` values per example) and multiplies many small matrices. On
-  ``cnn_tanh``'s second convolution (``T (d + p) = 0.88 d p``) materializing made whole DP steps faster on a CPU
-  (42.6 against 46.7 ms at batch 256, 12.3 against 12.9 ms at batch 64; one process alternating the two, medians of
-  4 and 6 rounds), while every timm ResNet-18 layer that uses the ghost norm has ``T (d + p) <= 0.38 d p``;
+* **ghost**: when ``T (d + p) < d p``;
 * **materialized, kept**: otherwise, when the per-example gradients (``B (d p + p)`` values) are no larger than the
   captured inputs and output gradients. They are formed by one grouped weight-gradient convolution (examples as
   groups), during the backward where the backward runs the layer's output node (the captures are dropped at once,
@@ -28,9 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows
-
-GHOST_ADVANTAGE = 2
-"""The ghost norm is used where its Gram products cost under ``1 / GHOST_ADVANTAGE`` of materialization's."""
 
 
 class Conv2dRule(LinearRule):
@@ -53,7 +46,7 @@ class Conv2dRule(LinearRule):
             return True  # bias only: its per-example gradient is a sum of output gradients
         d, p = conv.weight[0].numel(), conv.out_channels
         positions = sum(math.prod(call.shape[2:]) * (call.shape[0] // max(examples, 1)) for call in self.calls)
-        return GHOST_ADVANTAGE * positions * (d + p) >= d * p
+        return positions * (d + p) >= d * p
 
     def keeps_per_example(self, examples: int) -> bool:
         """Whether this forward's per-example gradients are materialized and kept (decided once per forward, while

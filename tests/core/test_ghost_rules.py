@@ -105,7 +105,7 @@ class Wrapper(nn.Module):
         return F.cross_entropy(logits, y, reduction="none")
 
 
-# (conv, input size, route): ghost when 2 T (d + p) < d p; kept when B (d p + p) <= captures
+# (conv, input size, route): ghost when T (d + p) < d p; kept when B (d p + p) <= captures
 CONVS = {
     "ghost": (lambda: nn.Conv2d(16, 16, 3, stride=2, padding=1), 4, "ghost"),
     "kept": (lambda: nn.Conv2d(1, 2, 3, padding=1), 6, "kept"),

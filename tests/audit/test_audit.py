@@ -36,7 +36,7 @@ from lightning_dprobust.cli.audit import audit_command
 from lightning_dprobust.cli.main import command
 from lightning_dprobust.methods import DPSGD
 from lightning_dprobust.recipes import load_recipe
-from tests.helpers import digits, quiet_trainer, read_wandb_history
+from tests.helpers import digits, quiet_trainer, read_wandb_history, wandb_run_file
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpsgd" / "digits.yaml")
 
@@ -282,7 +282,7 @@ def test_cli_membership_audit_logs_the_loss_auc_it_prints(checkpoint, tmp_path, 
     assert main(["audit", "--ckpt", str(checkpoint), "--attack", "loss", "--out", str(tmp_path)]) == 0
     data = digits()
     data.setup()
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(tmp_path)
     logged = {key: value for row in read_wandb_history(run_file) for key, value in row.items()}
     split = split_for_audit(np.arange(1293), np.arange(1293, 1797), seed=0)
     images = torch.cat([data.train_set.tensors[0], data.val_set.tensors[0], data.test_set.tensors[0]])

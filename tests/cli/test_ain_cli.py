@@ -9,7 +9,7 @@ import pytest
 
 from lightning_dprobust.cli import main
 from tests.cli.test_main import dprobust
-from tests.helpers import read_wandb_config_and_summary, read_wandb_history
+from tests.helpers import read_wandb_config_and_summary, read_wandb_history, wandb_run_file
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "ain" / "digits.yaml"
 TINY = [
@@ -37,7 +37,7 @@ def test_fit_logs_config_metrics_and_example_images_to_wandb(fitted):
     assert (
         "fit done: no DP (epsilon = inf)" in result.stdout and "trained down to bound" in result.stdout + result.stderr
     )
-    (run_file,) = folder.glob("runs/ain-digits/wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(folder / "runs/ain-digits")
     config, _ = read_wandb_config_and_summary(run_file)
     assert config["target_class"] == 8 and config["initial_bound"] == 0.8 and config["target"] == "mlp_tanh.erm_digits"
     rows = read_wandb_history(run_file)

@@ -19,7 +19,7 @@ from lightning_dprobust.cli.loading import load_classifier
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import DPSGD
 from lightning_dprobust.robustness.pixeldp import certify_pixeldp
-from tests.helpers import digits, quiet_trainer, read_wandb_history
+from tests.helpers import digits, quiet_trainer, read_wandb_history, wandb_run_file
 from tests.robustness.pixeldp_toys import ToyPixelDPClassifier
 
 SKIP, MU_A = 12, (0.001, 0.05)  # the toy's radii are about 0.002 at n = 60
@@ -107,7 +107,7 @@ def test_each_attack_is_certified_at_each_attack_size_and_logged(toy_ckpt, tmp_p
     summary = table(tmp_path / toy_ckpt.stem / "summary.md")
     assert set(summary) == {(attack, f"{mu:g}") for attack in ("clean", "FGSM") for mu in MU_A}
     assert all(certified <= conventional for conventional, certified in summary.values())
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(tmp_path)
     logged = logged_history(run_file)
     conventional = logged[f"{toy_ckpt.stem}/FGSM@0.05/conventional_acc"]
     assert 100 * conventional == pytest.approx(summary[("FGSM", "0.05")][0], abs=0.006)

@@ -17,7 +17,7 @@ from lightning_dprobust.core.smoothing import ABSTAIN
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import DPSGD
 from lightning_dprobust.robustness.certify import CSV_COLUMNS
-from tests.helpers import digits, quiet_trainer, read_wandb_history
+from tests.helpers import digits, quiet_trainer, read_wandb_history, wandb_run_file
 
 RADII = {"0": 0.0, "0.25": 0.25, "0.5": 0.5, "0.75": 0.75, "1": 1.0}
 SKIP = 20
@@ -108,7 +108,7 @@ def test_the_same_seed_gives_the_same_certificates(checkpoints, tmp_path):
 def test_certify_logs_the_summary_and_the_plot_to_an_offline_wandb_run(checkpoints, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert certify(tmp_path, checkpoints[1], extra=()) == 0
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(tmp_path)
     logged = {key: value for row in read_wandb_history(run_file) for key, value in row.items()}
     rows = read_rows(tmp_path / "epoch1" / "certify.csv")[1]
     expected = recompute(rows)
@@ -161,7 +161,7 @@ def test_attack_reports_clean_and_each_attack_and_logs_them(
     assert accuracy["clean"] == pytest.approx(clean, abs=ROUNDING)
     assert accuracy["PGD"] < accuracy["clean"]
     assert "| PGD |" in capsys.readouterr().out
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(tmp_path)
     logged = {key: value for row in read_wandb_history(run_file) for key, value in row.items()}
     assert logged["epoch1/clean_acc"] == pytest.approx(clean)
     assert logged["epoch1/robust_acc/PGD"] == pytest.approx(accuracy["PGD"], abs=ROUNDING)

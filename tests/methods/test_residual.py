@@ -16,7 +16,7 @@ from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.methods import ResidualPerturbation
 from lightning_dprobust.methods.residual import NOMINAL_SOURCE
 from lightning_dprobust.recipes import Recipe
-from tests.helpers import digits, quiet_trainer, run_ranks
+from tests.helpers import digits, quiet_trainer, run_ranks, wandb_run_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,7 +178,7 @@ def test_cli_fit_logs_the_nominal_epsilon_to_wandb(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "NOT a differential-privacy guarantee" in result.stderr + result.stdout
     assert "fit done: no DP guarantee; nominal epsilon" in result.stdout
-    [run_file] = tmp_path.glob("runs/residual-digits/wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(tmp_path / "runs/residual-digits")
     logged = [
         row["privacy/nominal_epsilon"] for row in read_wandb_history(run_file) if "privacy/nominal_epsilon" in row
     ]

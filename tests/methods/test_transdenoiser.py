@@ -15,7 +15,7 @@ from lightning_dprobust.callbacks.transdenoiser import add_slice_noise
 from lightning_dprobust.core.calibration import max_steps_within_budget
 from lightning_dprobust.core.smoothing import Smooth
 from lightning_dprobust.methods import TransDenoiser
-from tests.helpers import digits, quiet_trainer
+from tests.helpers import digits, quiet_trainer, wandb_run_file
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:noise seed"),
@@ -272,7 +272,7 @@ def test_dprobust_fit_of_the_digits_config_logs_to_wandb_and_prints_epsilon(tmp_
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "DPCallback: final epsilon=" in result.stdout + result.stderr
-    (run_file,) = tmp_path.glob("runs/transdenoiser-digits/wandb/offline-run-*/run-*.wandb")
+    run_file = wandb_run_file(tmp_path / "runs/transdenoiser-digits")
     rows = read_wandb_history(run_file)
     epsilons = [row["privacy/epsilon"] for row in rows if "privacy/epsilon" in row]
     assert len(epsilons) == 1 and 0 < epsilons[0] <= 1.0

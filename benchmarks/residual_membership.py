@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -117,7 +118,10 @@ def _table(rows: list[Row]) -> str:
     for row in rows:
         r = row.results
         eps = r[0]["epsilon"]
-        eps_cell = f"{eps:.3g}" + ("" if row.dp else " (nominal)")
+        if math.isinf(eps):
+            eps_cell = "none (not private)"
+        else:
+            eps_cell = f"{eps:.3g}" + ("" if row.dp else " (nominal)")
         keys = ("test_acc", "gap", "auc_loss", "auc_shadow", "auc_lira")
         lines.append([row.name, *(_cell([x[k] for x in r]) for k in keys), eps_cell])
     return markdown_table(header, lines)

@@ -269,6 +269,12 @@ class StoBatch(ClassifierModule):
         """Keep ``theta1``'s input norm ``<= Delta_h`` so that ``gamma`` stays what the budget split assumed."""
         sb.project_theta1(self.net.encoder.weight, self.hparams.theta1_bound)
 
+    def on_train_epoch_end(self) -> None:
+        """Log a nominal claim as ``privacy/nominal_epsilon`` (a guarantee is logged as ``privacy/epsilon`` by the
+        run's ledger logger)."""
+        if self.ledger.nominal:
+            self.log("privacy/nominal_epsilon", self.ledger.nominal[0].epsilon, rank_zero_only=True)
+
     def on_fit_end(self) -> None:
         accuracy = self.trainer.callback_metrics.get("val/acc")
         if accuracy is not None and float(accuracy) <= 1.5 / self.num_classes:

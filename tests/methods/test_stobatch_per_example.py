@@ -98,6 +98,7 @@ def test_per_example_fit_records_the_four_laplace_releases_as_a_guarantee(tmp_pa
     assert "pure DP (delta 0: 4 Laplace releases)" in fit_summary(trainer, None)
     record = module_privacy_record(trainer)
     assert record["accountant"] == "laplace" and record["epsilon"] == pytest.approx(2.0)
+    assert "privacy/nominal_epsilon" not in trainer.callback_metrics
 
 
 def test_batch_normalization_records_a_nominal_claim_never_a_guarantee(tmp_path):
@@ -109,6 +110,8 @@ def test_batch_normalization_records_a_nominal_claim_never_a_guarantee(tmp_path)
     assert "no DP guarantee; nominal epsilon 2" in summary and "pure DP" not in summary
     record = module_privacy_record(trainer)
     assert record["accountant"] == "nominal" and record["epsilon"] == pytest.approx(2.0)
+    metrics = trainer.callback_metrics
+    assert float(metrics["privacy/nominal_epsilon"]) == pytest.approx(2.0) and "privacy/epsilon" not in metrics
 
 
 def test_zoo_entries_with_batch_normalization_say_nominal():

@@ -16,6 +16,8 @@ Augmentation groups: a layer sees ``N = B k`` rows, example ``i`` owning the ``k
 ``[i k, (i + 1) k)`` (its views, flattened as ``views.flatten(0, 1)`` does). The example's gradient is the sum over
 its rows, which equals one example with ``k T`` positions, so the rules reshape ``[N, T, .]`` to ``[B, k T, .]``.
 Several calls of one layer in a forward (weight sharing) are concatenated along positions the same way.
+
+Convolutions (``core/ghost_conv.py``) and GroupNorm / LayerNorm (``core/ghost_norms.py``) specialize these rules.
 """
 
 from __future__ import annotations
@@ -189,11 +191,11 @@ def weight_sq_norms(a: Tensor, g: Tensor) -> Tensor:
 class MaterializedRule(LayerRule):
     """Any deterministic module with its own parameters: per-example gradients by ``vmap(vjp)`` of the module alone.
 
-    Used for normalization layers (GroupNorm, LayerNorm, timm's ``GroupNormAct``), embeddings and other small
-    layers: the module is re-run on each example's captured input, which is exact when the module is deterministic
-    (no active dropout) and its output depends on its input and parameters only. When the per-example gradients are
-    smaller than the captures (normalization layers: ``2 C`` values per example against ``2 C H W``), they are
-    formed during the backward (:meth:`LayerRule.stream`) and the captures dropped at once.
+    Used for embeddings and other small layers without a closed form (GroupNorm and LayerNorm have one:
+    ``core/ghost_norms.py``): the module is re-run on each example's captured input, which is exact when the module
+    is deterministic (no active dropout) and its output depends on its input and parameters only. When the
+    per-example gradients are smaller than the captures (normalization layers: ``2 C`` values per example against
+    ``2 C H W``), they are formed during the backward (:meth:`LayerRule.stream`) and the captures dropped at once.
     """
 
     def prefers_streaming(self, examples: int) -> bool:

@@ -7,11 +7,12 @@ whichever is cheaper for the layer's shapes), then the clipped sum from the same
 scaled by each example's clip factor. Li et al. 2022 (arXiv 2110.05679, ghost clipping); Bu, Mao, Xu 2022 (arXiv
 2205.10683, mixed ghost clipping); Bu, Wang, Zha, Karypis, ICML 2023 (arXiv 2210.00038, book-keeping).
 
-Memory (mixed book-keeping): a layer whose per-example gradients (``B x p`` values) are smaller than its captured
-inputs and output gradients (normalization layers, ViT tokens) is *streamed*: a pre-hook on its output node forms
-its per-example gradients while the backward runs and drops its captures at once, so only the other layers' captures
-are held until every norm is known. A layer whose output node the backward does not run (the first layer: nothing
-below it needs a gradient) keeps its captures (``streamed_rules``).
+Memory (mixed book-keeping): a layer whose per-example gradients (``B x p`` values) are no larger than its captured
+inputs and output gradients (normalization layers, ViT tokens, convolutions with few input channels) is
+*streamed*: a pre-hook on its output node forms its per-example gradients while the backward runs and drops its
+captures at once, so only the other layers' captures are held until every norm is known. A layer whose output node
+the backward does not run (the first layer: nothing below it needs a gradient) keeps its captures
+(``streamed_rules``).
 
 Activations and output gradients are captured with forward hooks and ``torch.autograd.graph.GradientEdge``s taken
 at forward time, so an in-place op after a layer (timm ResNets' ``x += shortcut``) cannot alter what was captured;

@@ -52,9 +52,7 @@ class Conv2dRule(LinearRule):
         """Whether this forward's per-example gradients are materialized and kept (decided once per forward, while
         every call still holds its input)."""
         if self._keeps is None:
-            per_example = examples * sum(p.numel() for p in self.tensors().values())
-            captured = sum(call.inputs.numel() + call.shape.numel() for call in self.calls)
-            self._keeps = self._materializes(examples) and per_example <= captured
+            self._keeps = self._materializes(examples) and self.per_example_fits_captures(examples)
         return self._keeps
 
     def prefers_streaming(self, examples: int) -> bool:
@@ -79,9 +77,9 @@ class Conv2dRule(LinearRule):
 
     def sq_norms(self, examples: int) -> Tensor:
         if self.keeps_per_example(examples):
-            return self._kept_sq_norms(examples)
+            return self._per_example_sq_norms(examples)
         if self._materializes(examples):
-            total = self._kept_sq_norms(examples)
+            total = self._per_example_sq_norms(examples)
         else:
             total = super().sq_norms(examples)  # ghost norm on the unfolded input
         self._cache = None  # the clipped sum needs neither the per-example gradients nor the unfolded input
@@ -94,7 +92,7 @@ class Conv2dRule(LinearRule):
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         if self.keeps_per_example(factors.shape[0]):
-            return self._kept_clipped_sum(factors)
+            return self._per_example_clipped_sum(factors)
         del self._cache
         conv, out = self.module, {}
         mask = ("weight" in self.names, "bias" in self.names)

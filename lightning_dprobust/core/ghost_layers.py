@@ -88,10 +88,16 @@ class LayerRule:
         self.calls, self.streamed = [], None
 
     def prefers_streaming(self, examples: int) -> bool:
-        """Whether this forward's per-example gradients (``examples x p`` values) are smaller than its captured
-        inputs and output gradients, so that forming them during the backward frees memory (mixed book-keeping,
-        Bu et al. 2023). Only rules that implement :meth:`call_gradients` stream."""
+        """Whether forming this forward's per-example gradients during the backward frees memory (they fit in the
+        captures they replace: mixed book-keeping, Bu et al. 2023). Only rules that implement
+        :meth:`call_gradients` stream."""
         return False
+
+    def per_example_fits_captures(self, examples: int) -> bool:
+        """Whether this forward's per-example gradients (``examples x p`` values) are no larger than its captured
+        inputs and output gradients (read while every call still holds its input)."""
+        per_example = examples * sum(p.numel() for p in self.tensors().values())
+        return per_example <= sum(call.inputs.numel() + call.shape.numel() for call in self.calls)
 
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         """Per-example gradients ``local name -> [B, *shape]`` of one call, from its input and output gradient."""
@@ -117,15 +123,15 @@ class LayerRule:
                 total = {k: total[k] + v if k in total else v for k, v in grads.items()}
         return total
 
-    def _kept_sq_norms(self, examples: int) -> Tensor:
-        """Squared norms from materialized per-example gradients, which are kept for :meth:`_kept_clipped_sum`."""
+    def _per_example_sq_norms(self, examples: int) -> Tensor:
+        """Squared norms from materialized per-example gradients, cached for :meth:`_per_example_clipped_sum`."""
         self._cache = self._per_example(examples)
         squares = [squared_norms(g) for g in self._cache.values()]
         if not squares:  # no call of this layer reached the losses
             return next(iter(self.tensors().values())).new_zeros(examples)
         return sum(squares[1:], squares[0])
 
-    def _kept_clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+    def _per_example_clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         """``sum_i c_i grad_i`` from the kept per-example gradients (book-keeping, Bu et al. 2023)."""
         grads = self._cache
         del self._cache
@@ -194,13 +200,12 @@ class MaterializedRule(LayerRule):
     Used for embeddings and other small layers without a closed form (GroupNorm and LayerNorm have one:
     ``core/ghost_norms.py``): the module is re-run on each example's captured input, which is exact when the module
     is deterministic (no active dropout) and its output depends on its input and parameters only. When the
-    per-example gradients are smaller than the captures (normalization layers: ``2 C`` values per example against
+    per-example gradients are no larger than the captures (normalization layers: ``2 C`` values per example against
     ``2 C H W``), they are formed during the backward (:meth:`LayerRule.stream`) and the captures dropped at once.
     """
 
     def prefers_streaming(self, examples: int) -> bool:
-        per_example = examples * sum(p.numel() for p in self.tensors().values())
-        return per_example < sum(call.inputs.numel() + call.shape.numel() for call in self.calls)
+        return self.per_example_fits_captures(examples)
 
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         params = {local: p.detach() for local, p in self.tensors().items()}
@@ -212,10 +217,10 @@ class MaterializedRule(LayerRule):
         return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
 
     def sq_norms(self, examples: int) -> Tensor:
-        return self._kept_sq_norms(examples)
+        return self._per_example_sq_norms(examples)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        return self._kept_clipped_sum(factors)
+        return self._per_example_clipped_sum(factors)
 
 
 class TokenRule(MaterializedRule):

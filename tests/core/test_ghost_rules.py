@@ -161,3 +161,29 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
     actual = ghost(inputs)
     torch.testing.assert_close(actual.norms, reference.norms, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(actual.grads["net.conv.bias"], reference.grads["net.conv.bias"])
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "kwargs"),
+    [
+        ("cnn_tanh", (1, 14, 14), {}),
+        ("timm/resnet18", (3, 8, 8), {}),
+        ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+    ],
+)
+def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model, shape, kwargs):
+    """No cross-example term in any rule (closed-form norms, kept / dropped / ghost convolutions, linear, tokens):
+    the other examples' norms do not move when one example is replaced, and the replaced one's does."""
+    from lightning_dprobust.methods import DPSGD
+
+    torch.manual_seed(0)
+    module = DPSGD(model=model, num_classes=10, input_shape=shape, model_kwargs=kwargs).eval()
+    generator = torch.Generator().manual_seed(4)
+    x, y = torch.rand(5, *shape, generator=generator), torch.randint(0, 10, (5,), generator=generator)
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    ghost._verified = True
+    before = ghost((x, y)).norms
+    x[0] = torch.rand(shape, generator=generator)
+    after = ghost((x, y)).norms
+    torch.testing.assert_close(after[1:], before[1:], rtol=1e-10, atol=1e-12)
+    assert not torch.isclose(after[0], before[0], rtol=1e-6)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from timm.layers import GroupNormAct, LayerNorm, LayerNorm2d
 from torch import nn
 
+from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
 from lightning_dprobust.core.ghost_layers import MaterializedRule
@@ -105,10 +106,18 @@ class Wrapper(nn.Module):
         return F.cross_entropy(logits, y, reduction="none")
 
 
-# (conv, input size, route): ghost when T (d + p) < d p; kept when B (d p + p) <= captures
+# (conv, input size, route): ghost when T (d + p) < d p; kept when B (d p + p) <= captures. Up to 3 input channels
+# the per-example gradients come from the dilated forward convolution, above from the grouped one.
 CONVS = {
     "ghost": (lambda: nn.Conv2d(16, 16, 3, stride=2, padding=1), 4, "ghost"),
     "kept": (lambda: nn.Conv2d(1, 2, 3, padding=1), 6, "kept"),
+    "kept_strided_dilated": (
+        lambda: nn.Conv2d(3, 4, (3, 2), stride=2, padding=(1, 2), dilation=(2, 1)),
+        9,
+        "kept",
+    ),
+    "kept_many_channels": (lambda: nn.Conv2d(4, 2, 3, padding=1), 6, "kept"),
+    "dropped_few_channels": (lambda: nn.Conv2d(3, 64, 3, padding=1), 5, "dropped"),
     "dropped": (lambda: nn.Conv2d(16, 16, 3, padding=1), 4, "dropped"),
     "dropped_no_bias": (lambda: nn.Conv2d(16, 16, 3, padding=1, bias=False), 4, "dropped"),
 }
@@ -122,12 +131,15 @@ def _route(rule: Conv2dRule, examples: int) -> str:
 
 @pytest.mark.parametrize("name", list(CONVS))
 @pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
-def test_each_convolution_route_equals_the_vmap_engine(name, views, calls):
+@pytest.mark.parametrize("chunked", [False, True], ids=["one_piece", "chunks_of_2"])
+def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, chunked, monkeypatch):
     build, size, route = CONVS[name]
     torch.manual_seed(0)
     conv = build()
     if calls == 2 and conv.in_channels != conv.out_channels:
         conv = nn.Conv2d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
+    if chunked:  # per-example gradients formed 2 examples at a time (5 = 2 + 2 + 1)
+        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 2 * sum(p.numel() for p in conv.parameters()))
     module = Wrapper(Convs(conv, size, calls), views)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5, conv.in_channels, size, size, generator=generator)

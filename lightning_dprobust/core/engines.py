@@ -12,6 +12,8 @@ Both engines return the same :class:`~lightning_dprobust.core.per_sample.Clipped
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from torch import nn
 
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
@@ -27,18 +29,20 @@ def build_clipper(
     max_grad_norm: float,
     max_physical_batch_size: int | None = None,
     clipping: str = "flat",
+    parameter_names: Collection[str] | None = None,
 ) -> tuple[PerExampleClipper | GhostClipper, str]:
-    """The clipper for ``engine`` and a one-line description of the choice (for the log)."""
+    """The clipper for ``engine`` and a one-line description of the choice (for the log); ``parameter_names``
+    restricts both engines to those trainable parameters (default: all)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     args = (module, loss_method, max_grad_norm, max_physical_batch_size, clipping)
     if engine == "vmap":
-        return PerExampleClipper(*args), "vmap (torch.func per-example gradients), as requested"
+        return PerExampleClipper(*args, parameter_names), "vmap (torch.func per-example gradients), as requested"
     if engine == "ghost":
-        clipper = GhostClipper(*args, on_mismatch="raise")
+        clipper = GhostClipper(*args, on_mismatch="raise", parameter_names=parameter_names)
         return clipper, f"ghost ({clipper.describe()}), as requested"
-    _, leftover = plan_rules(module)
+    _, leftover = plan_rules(module, parameter_names)
     if leftover:
-        return PerExampleClipper(*args), f"vmap (auto: no ghost rule for {leftover})"
-    clipper = GhostClipper(*args, on_mismatch="fallback")
+        return PerExampleClipper(*args, parameter_names), f"vmap (auto: no ghost rule for {leftover})"
+    clipper = GhostClipper(*args, on_mismatch="fallback", parameter_names=parameter_names)
     return clipper, f"ghost (auto: {clipper.describe()})"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Collection
 
 import torch
 from torch import Tensor, nn
@@ -96,8 +97,9 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
     return None
 
 
-def plan_rules(module: nn.Module) -> tuple[list[LayerRule], list[str]]:
-    """Per-layer rules covering ``module``'s trainable parameters, and the names of those left to the vmap engine.
+def plan_rules(module: nn.Module, parameter_names: Collection[str] | None = None) -> tuple[list[LayerRule], list[str]]:
+    """Per-layer rules covering ``module``'s trainable parameters (only those in ``parameter_names`` when given), and
+    the names of those left to the vmap engine. A layer owning none of them gets no rule (and is never captured).
 
     A parameter owned by several modules (tied weights) gets no rule: its gradient is the sum over its owners' calls,
     whose norm no single layer rule can compute; its owners' parameters all go to the vmap engine.
@@ -109,7 +111,11 @@ def plan_rules(module: nn.Module) -> tuple[list[LayerRule], list[str]]:
     rules, leftover = [], []
     for prefix, sub in module.named_modules():
         names = {local: f"{prefix}.{local}" if prefix else local for local, p in sub.named_parameters(recurse=False)}
-        names = {local: full for local, full in names.items() if getattr(sub, local).requires_grad}
+        names = {
+            local: full
+            for local, full in names.items()
+            if getattr(sub, local).requires_grad and (parameter_names is None or full in parameter_names)
+        }
         if not names:
             continue
         shared = any(owners[id(getattr(sub, local))] > 1 for local in names)
@@ -197,6 +203,8 @@ class GhostClipper:
     Args:
         on_mismatch: ``"raise"`` (default) raises :class:`EngineMismatch` when the first-call check against the
             vmap engine fails; ``"fallback"`` logs a warning and uses the vmap engine from then on.
+        parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
+            argument of that name; layers owning none of them are not captured, gradients flow through them.
     """
 
     def __init__(
@@ -207,15 +215,18 @@ class GhostClipper:
         max_physical_batch_size: int | None = None,
         clipping: str = "flat",
         on_mismatch: str = "raise",
+        parameter_names: Collection[str] | None = None,
     ) -> None:
         if on_mismatch not in ("raise", "fallback"):
             raise ValueError(f"on_mismatch must be 'raise' or 'fallback', got {on_mismatch!r}")
-        self.reference = PerExampleClipper(module, loss_method, max_grad_norm, max_physical_batch_size, clipping)
+        self.reference = PerExampleClipper(
+            module, loss_method, max_grad_norm, max_physical_batch_size, clipping, parameter_names=parameter_names
+        )
         self.module, self.loss_method = module, loss_method
         self.max_grad_norm, self.clipping = self.reference.max_grad_norm, clipping
         self.max_physical_batch_size = max_physical_batch_size
         self.on_mismatch = on_mismatch
-        self.rules, self.fallback_names = plan_rules(module)
+        self.rules, self.fallback_names = plan_rules(module, parameter_names)
         self._fallback = self._fallback_clipper()
         self._verified = False
         self._use_reference = False
@@ -245,6 +256,8 @@ class GhostClipper:
         self.rules = [rule for rule in self.rules if all(rule is not s for s in stray)]
         self.fallback_names = self.fallback_names + names
         self._fallback = self._fallback_clipper()
+        # no rule left (e.g. every critic layer under a gradient penalty): later calls skip the capturing forward
+        self._use_reference = self._use_reference or not self.rules
 
     def describe(self) -> str:
         """One line: how many parameter tensors each rule covers and which ones fall back to vmap."""

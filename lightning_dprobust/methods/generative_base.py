@@ -48,6 +48,8 @@ from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import resolve_delta
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.core.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
+from lightning_dprobust.core.engines import ENGINES, build_clipper
+from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like
 
 CLIP_MODES = ("per_example", "batch")
@@ -76,6 +78,9 @@ class GenerativeDPModule(L.LightningModule):
         dp_seed: fix the masks and the noise (reproducibility mode, warned); ``None`` draws a secret root per fit.
         max_physical_batch_size: per-example gradient chunk size (memory bound).
         lr_decay: the factor of each component's exponential learning-rate decay per epoch.
+        engine: per-example clipping engine of each private component's loss, as ``DPCallback``'s: ``"auto"``
+            (default), ``"vmap"`` or ``"ghost"`` (:mod:`lightning_dprobust.core.engines`); the choice is logged once
+            per (component, loss). Same guarantee either way.
     """
 
     def __init__(
@@ -89,9 +94,11 @@ class GenerativeDPModule(L.LightningModule):
         dp_seed: int | None = None,
         max_physical_batch_size: int | None = None,
         lr_decay: float = 0.99,
+        engine: str = "auto",
     ) -> None:
         super().__init__()
-        _validate(noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay)
+        _validate(noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay, engine)
+        self.engine = engine
         self.automatic_optimization = False
         self.noise_multiplier = noise_multiplier
         self.max_grad_norm = float(max_grad_norm)
@@ -106,7 +113,7 @@ class GenerativeDPModule(L.LightningModule):
         self._releases = 0
         self.randomness = DPRandomness(dp_seed)
         self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=True)
-        self._clippers: dict[tuple[str, str], PerExampleClipper] = {}
+        self._clippers: dict[tuple[str, str], PerExampleClipper | GhostClipper] = {}
         self._raw_optimizers: list[torch.optim.Optimizer] | None = None
         self._pending: tuple[str, dict[str, Tensor]] | None = None
 
@@ -244,10 +251,13 @@ class GenerativeDPModule(L.LightningModule):
         self._releases += 1
         return {name: (grads[name] + noise[name]) * scale for name in grads}, losses.detach().mean()
 
-    def _build_clipper(self, component: str, loss: str, params: Mapping[str, Tensor]) -> PerExampleClipper:
-        clipper = PerExampleClipper(
-            self, loss, self.max_grad_norm, self.max_physical_batch_size, parameter_names=tuple(params)
+    def _build_clipper(
+        self, component: str, loss: str, params: Mapping[str, Tensor]
+    ) -> PerExampleClipper | GhostClipper:
+        clipper, choice = build_clipper(
+            self.engine, self, loss, self.max_grad_norm, self.max_physical_batch_size, parameter_names=tuple(params)
         )
+        rank_zero_info(f"{type(self).__name__}: per-example clipping engine of {component} / {loss}: {choice}")
         self._clippers[component, loss] = clipper
         return clipper
 
@@ -385,7 +395,7 @@ def _all_reduce(grads: dict[str, Tensor], mean: bool) -> dict[str, Tensor]:
     return out
 
 
-def _validate(noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay) -> None:
+def _validate(noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay, engine) -> None:
     if noise_multiplier is not None and not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
         raise MisconfigurationException(
             f"noise_multiplier must be a finite number >= 0 or None, got {noise_multiplier}"
@@ -398,5 +408,7 @@ def _validate(noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay) 
         raise MisconfigurationException(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
     if not 0 < lr_decay <= 1:
         raise MisconfigurationException(f"lr_decay must lie in (0, 1], got {lr_decay}")
+    if engine not in ENGINES:
+        raise MisconfigurationException(f"engine must be one of {ENGINES}, got {engine!r}")
     if noise_multiplier == 0:
         rank_zero_warn("noise_multiplier=0: clipping only, NO privacy guarantee (epsilon = inf)")

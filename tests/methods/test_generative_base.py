@@ -71,8 +71,9 @@ def private_update(module, loss, batch):
     return torch.cat([g.flatten() for g in grads.values()])
 
 
-def test_private_update_is_clipped_sum_plus_noise_over_expected_batch():
-    module = ready(ToyGAN(noise_multiplier=0.0, max_grad_norm=0.5, dp_seed=1))
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
+def test_private_update_is_clipped_sum_plus_noise_over_expected_batch(engine):
+    module = ready(ToyGAN(noise_multiplier=0.0, max_grad_norm=0.5, dp_seed=1, engine=engine))
     x, noise = torch.randn(16, 4) * 10, torch.randn(16, 2)
     total = private_update(module, "critic_loss", (x, noise)) * (0.25 * 64)
     # each example's contribution is at most C: removing one example changes the sum by at most C
@@ -81,8 +82,9 @@ def test_private_update_is_clipped_sum_plus_noise_over_expected_batch():
     assert float((total - without).norm()) > 0.4  # its gradient norm is far above C, so it is clipped to C
 
 
-def test_noise_std_is_sigma_times_clip_over_expected_batch_and_only_on_private():
-    module = ready(ToyGAN(noise_multiplier=2.0, max_grad_norm=0.5, dp_seed=3))
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
+def test_noise_std_is_sigma_times_clip_over_expected_batch_and_only_on_private(engine):
+    module = ready(ToyGAN(noise_multiplier=2.0, max_grad_norm=0.5, dp_seed=3, engine=engine))
     module.critic = nn.Linear(4000, 1)
     module._clippers.clear()
     samples = private_update(module, "zero_loss", (torch.zeros(8, 4000), torch.zeros(8, 2)))

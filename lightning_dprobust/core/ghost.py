@@ -248,7 +248,8 @@ class GhostClipper:
         names = [name for rule in stray for name in rule.names.values()]
         log.warning(
             "ghost engine: %s get gradient outside their layers' calls (e.g. a penalty on the weights in the loss); "
-            "their per-example gradients now come from the vmap engine",
+            "their per-example gradients now come from the vmap engine (engine='auto': every parameter's, from the "
+            "next step on)",
             names,
         )
         for rule in stray:
@@ -256,8 +257,9 @@ class GhostClipper:
         self.rules = [rule for rule in self.rules if all(rule is not s for s in stray)]
         self.fallback_names = self.fallback_names + names
         self._fallback = self._fallback_clipper()
-        # no rule left (e.g. every critic layer under a gradient penalty): later calls skip the capturing forward
-        self._use_reference = self._use_reference or not self.rules
+        # from the next call on, vmap alone: under "auto" (its fallback's per-example pass costs about as much as
+        # vmap for every parameter), or when no rule is left (e.g. every critic layer under a gradient penalty)
+        self._use_reference = self._use_reference or self.on_mismatch == "fallback" or not self.rules
 
     def describe(self) -> str:
         """One line: how many parameter tensors each rule covers and which ones fall back to vmap."""

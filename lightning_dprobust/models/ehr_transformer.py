@@ -81,7 +81,8 @@ class StepEmbedding(nn.Module):
         length = x.shape[1]
         if length > self.position.num_embeddings:
             raise ValueError(f"{length} steps exceed the model's max_steps + 1 = {self.position.num_embeddings}")
-        h = self.input(torch.cat([x * m, m], dim=-1)) + self.position.weight[:length]
+        positions = torch.arange(length, device=x.device).expand(x.shape[0], length)  # one row per example
+        h = self.input(torch.cat([x * m, m], dim=-1)) + self.position(positions)
         if self.time is not None:
             h = h + self.time(_sinusoids(cumulative_time(x, m), self.d_model))
         if self.static is not None:

@@ -125,3 +125,21 @@ def test_tied_weights_go_to_vmap_and_sums_stay_exact():
     assert {"model.a.weight", "model.b.weight"} <= set(leftover)
     assert [type(r).__name__ for r in rules] == ["LinearRule"]
     assert_equal_to_vmap(module)
+
+
+@pytest.mark.parametrize(("on_mismatch", "vmap_alone"), [("fallback", True), ("raise", False)], ids=["auto", "ghost"])
+def test_auto_uses_vmap_alone_after_a_stray_parameter_and_stays_exact(on_mismatch, vmap_alone):
+    """engine='auto' runs vmap for every parameter once one is found outside its layer's calls (the fallback's
+    per-example pass would cost as much); an explicit ghost engine keeps its other rules."""
+    torch.manual_seed(0)
+    module = WeightPenalty(model=Net(), num_classes=10, input_shape=(1, 8, 8))
+    ghost = GhostClipper(module, "per_example_loss", 0.05, on_mismatch=on_mismatch)
+    ghost._verified = True
+    ghost(batch(seed=1))
+    assert ghost._use_reference is vmap_alone and bool(ghost.rules)
+    inputs = batch()
+    expected = PerExampleClipper(module, "per_example_loss", 0.05)(inputs)
+    actual = ghost(inputs)
+    torch.testing.assert_close(actual.norms, expected.norms, rtol=1e-7, atol=1e-10)
+    for name, grad in expected.grads.items():
+        assert (actual.grads[name] - grad).norm() <= 1e-7 * grad.norm().clamp_min(1e-12), name

@@ -91,9 +91,9 @@ def test_a_gradient_penalty_is_never_clipped_with_ghost_norms(monkeypatch):
     assert not torch.allclose(wrong.norms, expected.norms, rtol=1e-3)
 
 
-def test_the_engine_is_chosen_per_component_and_logged(monkeypatch, caplog):
-    module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=False))
-    assert module.engine == "auto"
+def test_the_engine_is_chosen_per_component_and_logged(monkeypatch):
+    assert small().engine == "vmap"
+    module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=False, engine="auto"))
     messages = []
     monkeypatch.setattr("lightning_dprobust.methods.generative_base.rank_zero_info", messages.append)
     x, m = ehr_batch(5)

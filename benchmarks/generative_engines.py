@@ -56,9 +56,8 @@ def main() -> None:
     data = EHRDataModule(batch_size=args.batch)
     data.setup("fit")
     x, m = next(iter(data.train_dataloader()))
-    print(
-        f"IGAMT, batch {len(x)}, {args.rounds} rounds of the 5-iteration critic schedule, 1 thread: {torch.get_num_threads()}"
-    )
+    schedule = f"{args.rounds} rounds of the 5-iteration critic schedule"
+    print(f"IGAMT, batch {len(x)}, {schedule}, threads: {torch.get_num_threads()}")
     print("| wiring | mode | ms / iteration | time / non-DP, median [min-max] |\n|---|---|---|---|")
     for strict_dp in (True, False):
         modules = {mode: _module(strict_dp, options) for mode, options in MODES.items()}

@@ -1,11 +1,12 @@
 """Per-example gradient norms and clipped sums of ``nn.Conv2d`` layers, three ways chosen from the layer's shapes.
 
 A convolution is a linear map ``W`` applied at ``T`` output positions to unfolded input patches (``d`` values each)
-giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 (d + p)`` per example, materializing
-``G^T A`` costs ``~T d p``). The rule picks, per forward (Bu, Mao, Xu 2022, "mixed ghost clipping", arXiv 2205.10683;
-Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv 2210.00038):
+giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 (d + p)`` multiply-adds per example
+plus unfolding ``T d`` input values, materializing ``G^T A`` costs ``~T d p``). The rule picks, per forward (Bu, Mao,
+Xu 2022, "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv
+2210.00038):
 
-* **ghost**: when ``T (d + p) < d p``;
+* **ghost**: when ``UNFOLD_COST d + T (d + p) < d p`` (:data:`UNFOLD_COST`);
 * **materialized, kept**: otherwise, when the per-example gradients (``B (d p + p)`` values) are no larger than the
   captured inputs and output gradients. They are formed (below) during the backward where the backward runs the
   layer's output node (the captures are dropped at once, :meth:`LayerRule.stream`), and the clipped sum is
@@ -36,6 +37,13 @@ CPU_CHUNK_VALUES = 2**18
 example at least): the grouped convolution slows down more than in proportion to its groups once its output leaves
 the cache (ResNet-18's first stage at batch 64: 14.1 ms in one piece, 7.3 ms in chunks of 8 examples)."""
 
+UNFOLD_COST = 40
+"""The cost of unfolding one input value (``im2col``, a memory-bound copy) in multiply-adds, for the choice between
+ghost norm and materialization. Measured on CPU (one thread): ``cnn_tanh``'s second layer at batch 64 unfolds at
+about 2 ns a value and multiplies at 0.05 ns; with it that layer is materialized (by the grouped convolution, no
+unfold), which made the DP step 4-5 % faster at batch 1024 and changed it by -1 to +3 % (noise) at batch 64 and 256
+in in-process A/Bs (2 runs of 7 rounds)."""
+
 FEW_INPUT_CHANNELS = 3
 """Convolutions with at most this many input channels (image inputs) form their per-example gradients by the dilated
 forward convolution, faster there than the grouped weight-gradient convolution and slower with more channels
@@ -62,7 +70,7 @@ class Conv2dRule(LinearRule):
             return True  # bias only: its per-example gradient is a sum of output gradients
         d, p = conv.weight[0].numel(), conv.out_channels
         positions = sum(math.prod(call.shape[2:]) * (call.shape[0] // max(examples, 1)) for call in self.calls)
-        return positions * (d + p) >= d * p
+        return UNFOLD_COST * d + positions * (d + p) >= d * p
 
     def keeps_per_example(self, examples: int) -> bool:
         """Whether this forward's per-example gradients are materialized and kept (decided once per forward, while

@@ -26,6 +26,23 @@ def _check_shape(input_shape: tuple[int, int, int], min_side: int, name: str) ->
         )
 
 
+class ChannelsLastMaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d`` that pools a channels-last copy of a 4-D CPU input and returns a contiguous result.
+
+    Same values and gradients as ``nn.MaxPool2d`` (each window's maximum, and its gradient goes to the same element,
+    ties included; tested). PyTorch's CPU kernel for contiguous NCHW inputs is several times slower on
+    :class:`CNNTanh`'s maps (batch 64, 16x14x14, one thread, forward and backward: 3.5 vs 1.4 ms, the copies
+    included). The layout change uses permutes, which ``torch.func.vmap`` supports (``contiguous(memory_format=...)``
+    is not supported there).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dim() != 4:
+            return super().forward(x)
+        channels_last = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        return super().forward(channels_last).contiguous()
+
+
 class CNNTanh(nn.Module):
     """Papernot et al. 2020's tempered-sigmoid CNN: two tanh convolutions, each max-pooled, then two linear layers.
 
@@ -75,9 +92,9 @@ class CNNTanh(nn.Module):
         else:
             geometry = [dict(kernel_size=3, stride=1, padding=1)] * 2
         self.conv1 = nn.Conv2d(in_chans, channels[0], **geometry[0])
-        self.pool1 = nn.MaxPool2d(2, stride=1)
+        self.pool1 = ChannelsLastMaxPool2d(2, stride=1)
         self.conv2 = nn.Conv2d(channels[0], channels[1], **geometry[1])
-        self.pool2 = nn.MaxPool2d(2, stride=1)
+        self.pool2 = ChannelsLastMaxPool2d(2, stride=1)
         with torch.no_grad():
             flat = self._features(torch.zeros(1, *input_shape)).shape[1]
         self.fc1 = nn.Linear(flat, hidden)

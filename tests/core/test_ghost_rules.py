@@ -106,10 +106,10 @@ class Wrapper(nn.Module):
         return F.cross_entropy(logits, y, reduction="none")
 
 
-# (conv, input size, route): ghost when T (d + p) < d p; kept when B (d p + p) <= captures. Up to 3 input channels
+# (conv, input size, route): ghost when UNFOLD_COST d + T (d + p) < d p; kept when B (d p + p) <= captures. Up to 3 input channels
 # the per-example gradients come from the dilated forward convolution, above from the grouped one.
 CONVS = {
-    "ghost": (lambda: nn.Conv2d(16, 16, 3, stride=2, padding=1), 4, "ghost"),
+    "ghost": (lambda: nn.Conv2d(16, 64, 3, stride=2, padding=1), 4, "ghost"),
     "kept": (lambda: nn.Conv2d(1, 2, 3, padding=1), 6, "kept"),
     "kept_strided_dilated": (
         lambda: nn.Conv2d(3, 4, (3, 2), stride=2, padding=(1, 2), dilation=(2, 1)),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_dprobust.models import create_model, dp_incompatibilities, list_models
+from lightning_dprobust.models.cnn import ChannelsLastMaxPool2d
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 DENOISERS = {"dncnn_gn"}
@@ -80,6 +81,32 @@ def test_cnn_tanh_large_input_and_kwargs() -> None:
     model = create_model("cnn_tanh", num_classes=5, input_shape=(3, 64, 64), hidden=None, channels=(8, 16))
     assert model.net.conv1.out_channels == 8 and model.net.fc1.out_features == 32
     assert model(torch.rand(2, 3, 64, 64)).shape == (2, 5)
+
+
+@pytest.mark.parametrize("shape", [(16, 14, 14), (32, 5, 5)])
+def test_channels_last_pool_has_the_values_and_gradients_of_max_pool(shape: tuple[int, int, int]) -> None:
+    """Saturated tanh maps hold many exact ties: the gradient must still go to the element ``nn.MaxPool2d`` picks,
+    per example under ``vmap`` too (the vmap engine runs the model there)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.tanh(20 * torch.randn(6, *shape, generator=generator))
+    assert (x.abs() == 1).float().mean() > 0.2
+    upstream = torch.randn(6, shape[0], shape[1] - 1, shape[2] - 1, generator=generator)
+    reference, fast = torch.nn.MaxPool2d(2, stride=1), ChannelsLastMaxPool2d(2, stride=1)
+
+    def pooled_grad(pool, inputs):
+        inputs = inputs.clone().requires_grad_()
+        out = pool(inputs)
+        out.backward(upstream)
+        return out, inputs.grad
+
+    (want, want_grad), (got, got_grad) = pooled_grad(reference, x), pooled_grad(fast, x)
+    assert got.is_contiguous() and torch.equal(got, want) and torch.equal(got_grad, want_grad)
+
+    def example_loss(example, weights):
+        return (fast(example.unsqueeze(0)) * weights).sum()
+
+    per_example = torch.func.vmap(torch.func.grad(example_loss))(x, upstream.unsqueeze(1))
+    assert torch.equal(per_example, want_grad)
 
 
 def test_cnn_tanh_rejects_tiny_images() -> None:

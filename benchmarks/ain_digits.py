@@ -21,16 +21,14 @@ Prints markdown tables of mean +- sample std over the seeds. Usage:
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import tempfile
 import time
-import warnings
 
 import lightning as L
 import torch
 import torchattacks
-from seeds import Sweep, add_seed_arguments, run_or_load
+from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load
 
 from lightning_dprobust import zoo
 from lightning_dprobust.callbacks import AdversarialAugmentation
@@ -201,8 +199,7 @@ def main() -> None:
     parser.add_argument("--ain-epochs", type=int, default=20, help="AIN training epochs (default 20)")
     parser.add_argument("--classifier-epochs", type=int, default=15, help="adversarial training epochs (default 15)")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    quiet_training()
     torch.set_num_threads(1)
     print(report(run_or_load(lambda seed: run(seed, args), args, "AIN on digits")))
 

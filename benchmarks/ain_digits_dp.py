@@ -29,14 +29,12 @@ Prints a markdown table of mean +- sample std over the seeds. Usage:
 from __future__ import annotations
 
 import argparse
-import logging
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 from ain_digits import evaluate, train_ain
-from seeds import Sweep, add_seed_arguments, run_or_load, seeded_config
+from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load, seeded_config
 
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.recipes import CONFIG_DIR, build_recipe, find_dp_callback, quiet_overrides
@@ -105,8 +103,7 @@ def main() -> None:
     add_seed_arguments(parser)
     parser.add_argument("--ain-epochs", type=int, default=20, help="public AIN training epochs (default 20)")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    quiet_training()
     torch.set_num_threads(1)
     print(report(run_or_load(lambda seed: run(seed, args), args, "AIN vs i-FGSM under DP-SGD on digits")))
 

@@ -16,11 +16,9 @@ difference of certified accuracy (DP-CERT minus DP-SGD, same seed). Usage:
 from __future__ import annotations
 
 import argparse
-import logging
 import tempfile
-import warnings
 
-from seeds import Sweep, add_seed_arguments, run_or_load, seeded_config
+from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load, seeded_config
 
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
@@ -108,8 +106,7 @@ def main() -> None:
     parser.add_argument("--eps", type=float, default=0.1, help="PGD-Linf budget for the DP-Adv comparison")
     add_seed_arguments(parser)
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    quiet_training()
     with tempfile.TemporaryDirectory() as root:
         result = run_or_load(lambda seed: run_seed(seed, args, root), args, label=args.dataset)
     print(

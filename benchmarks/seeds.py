@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,12 @@ import numpy as np
 import yaml
 
 DEFAULT_SEEDS = (0, 1, 2)
+
+
+def quiet_training() -> None:
+    """Warnings off and Lightning's logs at ERROR level: a benchmark prints its own tables."""
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 
 def add_seed_arguments(parser: argparse.ArgumentParser, default: Sequence[int] = DEFAULT_SEEDS) -> None:

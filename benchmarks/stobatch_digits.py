@@ -17,11 +17,9 @@ Prints a markdown table of mean +- sample standard deviation over the seeds. Usa
 from __future__ import annotations
 
 import argparse
-import logging
 import tempfile
-import warnings
 
-from seeds import Sweep, add_seed_arguments, run_or_load, seeded_config
+from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load, seeded_config
 from torch import Tensor
 
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
@@ -117,8 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.n < 1:
         parser.error(f"--n must be an integer >= 1 (PixelDP draws per example), got {args.n}")
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    quiet_training()
     with tempfile.TemporaryDirectory() as root:
         result = run_or_load(lambda seed: run_seed(seed, args, root), args, label="stobatch-digits")
     print(f"\nAccuracy under l_inf attacks (10 steps) on the digits test split; {result.note()}\n")

@@ -41,8 +41,8 @@ UNFOLD_COST = 40
 """The cost of unfolding one input value (``im2col``, a memory-bound copy) in multiply-adds, for the choice between
 ghost norm and materialization. Measured on CPU (one thread): ``cnn_tanh``'s second layer at batch 64 unfolds at
 about 2 ns a value and multiplies at 0.05 ns; with it that layer is materialized (by the grouped convolution, no
-unfold), which made the DP step 4-5 % faster at batch 1024 and changed it by -1 to +3 % (noise) at batch 64 and 256
-in in-process A/Bs (2 runs of 7 rounds)."""
+unfold). In three in-process A/Bs of 7 rounds, that made the DP step 4 to 18 % faster at batch 1024, 0 to 11 % at
+batch 256, and left it within noise at batch 64 (-1 to +2 %)."""
 
 FEW_INPUT_CHANNELS = 3
 """Convolutions with at most this many input channels (image inputs) form their per-example gradients by the dilated

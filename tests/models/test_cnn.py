@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lightning_dprobust.models import create_model, dp_incompatibilities, list_models
-from lightning_dprobust.models.cnn import ChannelsLastMaxPool2d
+from lightning_dprobust.models.cnn import CNNTanh, channels_last
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 DENOISERS = {"dncnn_gn"}
@@ -83,30 +84,52 @@ def test_cnn_tanh_large_input_and_kwargs() -> None:
     assert model(torch.rand(2, 3, 64, 64)).shape == (2, 5)
 
 
-@pytest.mark.parametrize("shape", [(16, 14, 14), (32, 5, 5)])
-def test_channels_last_pool_has_the_values_and_gradients_of_max_pool(shape: tuple[int, int, int]) -> None:
-    """Saturated tanh maps hold many exact ties: the gradient must still go to the element ``nn.MaxPool2d`` picks,
-    per example under ``vmap`` too (the vmap engine runs the model there)."""
+def _nchw_reference(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``CNNTanh`` (1x28x28 geometry) with contiguous NCHW maps throughout."""
+    x = F.max_pool2d(torch.tanh(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], 2, 3)), 2, 1)
+    x = F.max_pool2d(torch.tanh(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], 2)), 2, 1)
+    return F.linear(torch.tanh(F.linear(x.flatten(1), p["fc1.weight"], p["fc1.bias"])), p["fc2.weight"], p["fc2.bias"])
+
+
+def test_cnn_tanh_channels_last_maps_give_the_nchw_outputs_and_gradients() -> None:
+    torch.manual_seed(0)
+    model = CNNTanh(10, (1, 28, 28))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    x = torch.randn(6, 1, 28, 28)
+
+    def loss(p, inputs, forward):
+        return forward(p, inputs).square().sum()
+
+    def shipped(p, inputs):
+        return torch.func.functional_call(model, p, (inputs,))
+
+    torch.testing.assert_close(shipped(params, x), _nchw_reference(params, x))
+    want = torch.func.grad(loss)(params, x, _nchw_reference)
+    got = torch.func.grad(loss)(params, x, shipped)
+    per_example = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, None))(params, x[:, None], shipped)
+    for name in params:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(per_example[name].sum(0), want[name], rtol=1e-4, atol=1e-6)
+
+
+def test_pooling_channels_last_maps_routes_gradients_like_nchw_ties_included() -> None:
+    """Saturated tanh maps hold many exact ties in the pooling windows: the gradient must reach the element the NCHW
+    kernel picks, also per example under ``vmap`` (the vmap engine runs the model there)."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.tanh(20 * torch.randn(6, *shape, generator=generator))
-    assert (x.abs() == 1).float().mean() > 0.2
-    upstream = torch.randn(6, shape[0], shape[1] - 1, shape[2] - 1, generator=generator)
-    reference, fast = torch.nn.MaxPool2d(2, stride=1), ChannelsLastMaxPool2d(2, stride=1)
+    maps = torch.tanh(20 * torch.randn(6, 16, 14, 14, generator=generator))
+    assert (maps.abs() == 1).float().mean() > 0.2
+    upstream = torch.randn(6, 16, 13, 13, generator=generator)
+    assert channels_last(maps).is_contiguous(memory_format=torch.channels_last)
 
-    def pooled_grad(pool, inputs):
-        inputs = inputs.clone().requires_grad_()
-        out = pool(inputs)
-        out.backward(upstream)
-        return out, inputs.grad
+    def pooled(inputs, weights, layout):
+        return (F.max_pool2d(layout(inputs), 2, 1) * weights).sum()
 
-    (want, want_grad), (got, got_grad) = pooled_grad(reference, x), pooled_grad(fast, x)
-    assert got.is_contiguous() and torch.equal(got, want) and torch.equal(got_grad, want_grad)
-
-    def example_loss(example, weights):
-        return (fast(example.unsqueeze(0)) * weights).sum()
-
-    per_example = torch.func.vmap(torch.func.grad(example_loss))(x, upstream.unsqueeze(1))
-    assert torch.equal(per_example, want_grad)
+    want = torch.func.grad(pooled)(maps, upstream, lambda t: t)
+    got = torch.func.grad(pooled)(maps, upstream, channels_last)
+    per_example = torch.func.vmap(torch.func.grad(pooled), in_dims=(0, 0, None))(
+        maps[:, None], upstream[:, None], channels_last
+    )
+    assert torch.equal(got, want) and torch.equal(per_example[:, 0], want)
 
 
 def test_cnn_tanh_rejects_tiny_images() -> None:

@@ -29,12 +29,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 
 from lightning_dprobust.methods import igamt_losses as losses
-from lightning_dprobust.methods.ehr_module import EHRGenerativeModule
-from lightning_dprobust.methods.igamt import _check_batch
+from lightning_dprobust.methods.ehr_module import EHRGenerativeModule, check_critic_schedule
 from lightning_dprobust.models.ehr_baselines import CodeEncoder, data_and_mask, gaussian_kl
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
 from lightning_dprobust.models.ehr_transformer import (
@@ -102,10 +100,7 @@ class EHRBaseline(EHRGenerativeModule):
         **dp_kwargs: Any,
     ) -> None:
         super().__init__(**dp_kwargs)
-        if not 0 < critic_freq_hit <= critic_freq_base:
-            raise MisconfigurationException(
-                f"need 0 < critic_freq_hit <= critic_freq_base, got {critic_freq_hit} and {critic_freq_base}"
-            )
+        check_critic_schedule(critic_freq_base, critic_freq_hit)
         self.save_hyperparameters()
         self.static_groups = tuple(int(g) for g in static_groups)
         num_static = static_slots(static_continuous, self.static_groups, num_features)
@@ -220,15 +215,6 @@ class EHRBaseline(EHRGenerativeModule):
         return -self.critic_x(data_and_mask(*self.synthesize_from(s, start_x, start_m, steps))).mean()
 
     # ------------------------------------------------------------------------------------------- training
-    def critics_scheduled(self, iteration: int) -> bool:
-        """The critic schedule of IGAMT's Algorithm 1: ``t % fb < fh``."""
-        return iteration % self.hparams.critic_freq_base < self.hparams.critic_freq_hit
-
-    def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
-        x, m = _check_batch(batch, self.hparams.num_features, self.hparams.max_steps)
-        self.train_iteration(x, m, self.iteration)
-        self.iteration += 1
-
     def train_iteration(self, x: Tensor, m: Tensor, iteration: int) -> dict[str, Tensor]:
         """One iteration on a batch; returns the mean loss of each component updated."""
         n, device, steps = x.shape[0], x.device, x.shape[1] - 1

@@ -1,12 +1,14 @@
-"""What every EHR generative module (IGAMT and its baselines) keeps besides its networks: the data schema and the
-iteration counter, both carried by checkpoints."""
+"""What every EHR generative module (IGAMT and its baselines) shares besides its networks: the data schema and the
+iteration counter (both carried by checkpoints), the critic schedule of IGAMT's Algorithm 1 and the batch check."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import Tensor
 
 from lightning_dprobust.data.ehr_schema import EHRSchema
 from lightning_dprobust.methods.generative_base import GenerativeDPModule
@@ -20,6 +22,9 @@ class EHRGenerativeModule(GenerativeDPModule):
     min/max unless the data module was given public ranges: they are not differentially private, and a release saved
     with them carries them. ``iteration``: the training-iteration counter the critic schedule reads; checkpointed, so
     a resumed run keeps the schedule of an unbroken one.
+
+    A subclass has the hyperparameters ``num_features``, ``max_steps``, ``critic_freq_base`` and ``critic_freq_hit``
+    (checked by :func:`check_critic_schedule`) and implements :meth:`train_iteration`.
     """
 
     def __init__(self, **dp_kwargs: Any) -> None:
@@ -35,6 +40,19 @@ class EHRGenerativeModule(GenerativeDPModule):
             check_layout(type(self).__name__, self.hparams, schema)
             self.ehr_schema = dataclasses.asdict(schema)
 
+    def critics_scheduled(self, iteration: int) -> bool:
+        """The critic schedule of IGAMT's Algorithm 1, line 11: ``t % fb < fh``."""
+        return iteration % self.hparams.critic_freq_base < self.hparams.critic_freq_hit
+
+    def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
+        x, m = check_batch(type(self).__name__, batch, self.hparams.num_features, self.hparams.max_steps)
+        self.train_iteration(x, m, self.iteration)
+        self.iteration += 1
+
+    def train_iteration(self, x: Tensor, m: Tensor, iteration: int) -> dict[str, Tensor]:
+        """One training iteration on a batch; returns the mean loss of each component updated."""
+        raise NotImplementedError
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["igamt_iteration"] = self.iteration
@@ -45,6 +63,27 @@ class EHRGenerativeModule(GenerativeDPModule):
         super().on_load_checkpoint(checkpoint)
         self.iteration = int(checkpoint.get("igamt_iteration", 0))
         self.ehr_schema = checkpoint.get("ehr_schema")
+
+
+def check_critic_schedule(critic_freq_base: int, critic_freq_hit: int) -> None:
+    """Refuse a critic schedule ``t % fb < fh`` that never or always skips the critics' ``fb - fh`` iterations."""
+    if not 0 < critic_freq_hit <= critic_freq_base:
+        raise MisconfigurationException(
+            f"need 0 < critic_freq_hit <= critic_freq_base, got {critic_freq_hit} and {critic_freq_base}"
+        )
+
+
+def check_batch(owner: str, batch: Sequence[Tensor], num_features: int, max_steps: int) -> tuple[Tensor, Tensor]:
+    """``(x, m)`` of a batch of EHR tensors ``[B, 1 + T, F]``, or a one-line error naming what to set."""
+    if not (isinstance(batch, list | tuple) and len(batch) == 2):
+        raise ValueError(f"{owner} trains on batches (x, m) of EHR tensors [B, 1 + T, F]; got another batch structure")
+    x, m = batch
+    if x.dim() != 3 or x.shape != m.shape or x.shape[2] != num_features or not 2 <= x.shape[1] <= max_steps + 1:
+        raise ValueError(
+            f"{owner} needs x and m of equal shape [B, 1 + T, {num_features}] with 1 <= T <= {max_steps}; got "
+            f"{tuple(x.shape)} and {tuple(m.shape)}: set num_features / max_steps to the data's"
+        )
+    return x, m
 
 
 def check_layout(owner: str, hparams: Any, schema: EHRSchema) -> None:

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 
 from lightning_dprobust.methods import igamt_losses as losses
-from lightning_dprobust.methods.ehr_module import EHRGenerativeModule
+from lightning_dprobust.methods.ehr_module import EHRGenerativeModule, check_critic_schedule
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer, assemble
 from lightning_dprobust.models.ehr_transformer import (
     DecoderBody,
@@ -107,10 +107,7 @@ class IGAMT(EHRGenerativeModule):
         super().__init__(**dp_kwargs)
         if variant not in VARIANTS:
             raise MisconfigurationException(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
-        if not 0 < critic_freq_hit <= critic_freq_base:
-            raise MisconfigurationException(
-                f"need 0 < critic_freq_hit <= critic_freq_base, got {critic_freq_hit} and {critic_freq_base}"
-            )
+        check_critic_schedule(critic_freq_base, critic_freq_hit)
         self.save_hyperparameters()
         self.static_groups = tuple(int(g) for g in static_groups)
         self.num_static = static_slots(static_continuous, self.static_groups, num_features)
@@ -228,15 +225,6 @@ class IGAMT(EHRGenerativeModule):
         return -self.critic_z(self.generator(s))
 
     # ------------------------------------------------------------------------------------------- training
-    def critics_scheduled(self, iteration: int) -> bool:
-        """The critic schedule of Algorithm 1 line 11: ``t % fb < fh``."""
-        return iteration % self.hparams.critic_freq_base < self.hparams.critic_freq_hit
-
-    def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
-        x, m = _check_batch(batch, self.hparams.num_features, self.hparams.max_steps)
-        self.train_iteration(x, m, self.iteration)
-        self.iteration += 1
-
     def train_iteration(self, x: Tensor, m: Tensor, iteration: int) -> dict[str, Tensor]:
         """One pass of Algorithm 1 on a batch; returns the mean loss of each component updated."""
         n, device = x.shape[0], x.device
@@ -317,15 +305,3 @@ class IGAMT(EHRGenerativeModule):
         z = self.generator(noise)
         x, m = self.synthesize_with(body, z, start_x.to(self.device), start_m.to(self.device), steps)
         return assemble(x, m, generator, mask)
-
-
-def _check_batch(batch: Sequence[Tensor], num_features: int, max_steps: int) -> tuple[Tensor, Tensor]:
-    if not (isinstance(batch, list | tuple) and len(batch) == 2):
-        raise ValueError("IGAMT trains on batches (x, m) of EHR tensors [B, 1 + T, F]; got another batch structure")
-    x, m = batch
-    if x.dim() != 3 or x.shape != m.shape or x.shape[2] != num_features or not 2 <= x.shape[1] <= max_steps + 1:
-        raise ValueError(
-            f"IGAMT needs x and m of equal shape [B, 1 + T, {num_features}] with 1 <= T <= {max_steps}; got "
-            f"{tuple(x.shape)} and {tuple(m.shape)}: set num_features / max_steps to the data's"
-        )
-    return x, m

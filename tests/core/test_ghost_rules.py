@@ -106,8 +106,8 @@ class Wrapper(nn.Module):
         return F.cross_entropy(logits, y, reduction="none")
 
 
-# (conv, input size, route): ghost when UNFOLD_COST d + T (d + p) < d p; kept when B (d p + p) <= captures. Up to 3 input channels
-# the per-example gradients come from the dilated forward convolution, above from the grouped one.
+# (conv, input size, route): ghost when UNFOLD_COST d + T (d + p) < d p; kept when B (d p + p) <= captures. Up to 3
+# input channels the per-example gradients come from the dilated forward convolution, above from the grouped one.
 CONVS = {
     "ghost": (lambda: nn.Conv2d(16, 64, 3, stride=2, padding=1), 4, "ghost"),
     "kept": (lambda: nn.Conv2d(1, 2, 3, padding=1), 6, "kept"),

@@ -57,10 +57,11 @@ class CNNTanh(nn.Module):
 
     The network has no normalization layer and no cross-example operation, so it is DP-compatible as built.
 
-    On CPU the maps after ``conv1`` are stored channels-last (:func:`channels_last`; same values, and each pool's
-    gradient goes to the same element, ties included: tested). PyTorch's CPU max-pool kernel is several times slower
-    on contiguous NCHW maps of these sizes; with the layout change a non-private training step on 1x28x28 images takes
-    about half the time (one thread, batch 64 / 256 / 1024: 4.6 / 22 / 86 ms against 8.4 / 35 / 162 ms).
+    On CPU the maps after ``conv1`` are stored channels-last (:func:`channels_last`): the outputs and gradients are
+    those of NCHW maps up to the float rounding of ``conv2``, and each pool's gradient goes to the same element, ties
+    included (tested). PyTorch's CPU max-pool kernel is several times slower on contiguous NCHW maps of these sizes;
+    with the layout change a non-private training step on 1x28x28 images takes about half the time (one thread,
+    batch 64 / 256 / 1024: 4.6 / 22 / 86 ms against 8.4 / 35 / 162 ms).
 
     Args:
         num_classes: number of output logits.

@@ -66,7 +66,7 @@ class EHRGenerativeModule(GenerativeDPModule):
 
 
 def check_critic_schedule(critic_freq_base: int, critic_freq_hit: int) -> None:
-    """Refuse a critic schedule ``t % fb < fh`` that never or always skips the critics' ``fb - fh`` iterations."""
+    """Refuse a critic schedule ``t % fb < fh`` outside ``0 < fh <= fb`` (``fh <= 0``: the critics never train)."""
     if not 0 < critic_freq_hit <= critic_freq_base:
         raise MisconfigurationException(
             f"need 0 < critic_freq_hit <= critic_freq_base, got {critic_freq_hit} and {critic_freq_base}"

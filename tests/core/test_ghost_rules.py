@@ -179,6 +179,7 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
     ("model", "shape", "kwargs"),
     [
         ("cnn_tanh", (1, 14, 14), {}),
+        ("cnn_tanh", (1, 28, 28), {}),  # MNIST: conv2 by the grouped convolution on channels-last captures
         ("timm/resnet18", (3, 8, 8), {}),
         ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
     ],

@@ -7,9 +7,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics.classification import MultilabelAccuracy
 
 from lightning_dprobust.callbacks import AdversarialAugmentation, DPCallback
 from lightning_dprobust.methods import DPSGD, DPAdv
+from lightning_dprobust.robustness.multilabel import MultilabelFGSM
 from lightning_dprobust.robustness.separability import PerExampleAttack
 from tests.helpers import digits, quiet_trainer
 
@@ -82,7 +84,15 @@ def test_multilabel_uses_bce_and_reports_per_attribute_accuracy(tmp_path):
     trainer.fit(module, MultilabelData())
     metrics = trainer.test(module, MultilabelData(), verbose=False)[0]
     assert {f"test/attribute_acc/{i}" for i in range(6)} <= set(metrics)
-    assert metrics["test/robust_acc"] <= metrics["test/acc"] + 1e-6
+    # robust accuracy is the macro attribute accuracy on FGSM-on-BCE inputs, batch by batch as the test loader;
+    # whether those inputs lower the 0-1 accuracy of a briefly trained model is not guaranteed, so not asserted
+    module.eval()
+    attack = MultilabelFGSM(module, 0.05)
+    attacked = torch.cat([attack(xb, yb) for xb, yb in zip(x.split(128), y.split(128), strict=True)])
+    assert (attacked - x).abs().max() <= 0.05 + 1e-6 and not torch.equal(attacked, x)
+    with torch.no_grad():
+        expected_robust = MultilabelAccuracy(num_labels=6, average="macro")(module(attacked), y)
+    assert metrics["test/robust_acc"] == pytest.approx(expected_robust.item(), abs=1e-6)
 
 
 @pytest.mark.parametrize(

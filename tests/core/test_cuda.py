@@ -1,0 +1,66 @@
+"""On a CUDA device: the engines agree there and with the CPU, and DPCallback's clipping and noise hold there.
+
+Marked ``gpu`` and skipped where no CUDA device is present (CI has none); run with ``pytest -m gpu tests/test_cuda.py``
+on a machine with one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dprobust.callbacks import DPCallback
+from lightning_dprobust.core.ghost import GhostClipper
+from lightning_dprobust.methods import DPSGD
+from tests.core.test_ghost import MODELS, assert_engines_agree, build, images
+from tests.helpers import GradientRecorder, ZeroGradient, digits, quiet_trainer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+N_TRAIN = 1293
+
+
+@pytest.mark.usefixtures("double_precision")
+@pytest.mark.parametrize("model", list(MODELS))
+def test_ghost_equals_vmap_on_cuda(model):
+    module = build(DPSGD, model).cuda()
+    x, y = images(module, 5)
+    assert_engines_agree(module, (x.cuda(), y.cuda()))
+
+
+@pytest.mark.usefixtures("double_precision")
+@pytest.mark.parametrize("model", list(MODELS))
+def test_cuda_clipped_sum_equals_the_cpu_one(model):
+    module = build(DPSGD, model)
+    x, y = images(module, 5)
+    cpu = GhostClipper(module, "per_example_loss", 1.0)((x, y))
+    cuda = GhostClipper(module.cuda(), "per_example_loss", 1.0)((x.cuda(), y.cuda()))
+    torch.testing.assert_close(cuda.norms.cpu(), cpu.norms, rtol=1e-7, atol=1e-12)
+    for name, grad in cpu.grads.items():
+        torch.testing.assert_close(cuda.grads[name].cpu(), grad, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
+def test_noise_drawn_on_the_gpu_has_std_noise_multiplier_times_clip(tmp_path, engine):
+    recorder = GradientRecorder()
+    callback = DPCallback(max_grad_norm=0.5, noise_multiplier=2.0, delta=1e-5, engine=engine)
+    trainer = quiet_trainer(tmp_path, accelerator="gpu", max_steps=3, callbacks=[callback, recorder])
+    module = ZeroGradient(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8))
+    trainer.fit(module, digits(batch_size=128))
+    assert all(grad.is_cuda for grad in recorder.grads)
+    noise_on_sum = torch.cat(recorder.grads).cpu() * callback.loaders.sample_rate * N_TRAIN
+    assert noise_on_sum.mean().abs() < 0.05
+    assert noise_on_sum.std().item() == pytest.approx(1.0, rel=0.03)
+    assert callback.epsilon() > 0
+
+
+def test_clipped_updates_on_the_gpu_are_bounded_by_the_clip(tmp_path):
+    """Zero noise: each step's summed update has norm at most ``max_grad_norm`` times the batch's examples."""
+    recorder = GradientRecorder()
+    callback = DPCallback(max_grad_norm=0.01, noise_multiplier=0.0, delta=1e-5, poisson_sampling=False)
+    trainer = quiet_trainer(tmp_path, accelerator="gpu", max_steps=3, callbacks=[callback, recorder])
+    module = DPSGD(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5)
+    with pytest.warns(UserWarning, match="approximation"):
+        trainer.fit(module, digits(batch_size=64))
+    for grad in recorder.grads:  # the average over the 64 examples of clipped gradients
+        assert 0 < grad.norm().item() <= 0.01 * (1 + 1e-5)

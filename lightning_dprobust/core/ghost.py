@@ -195,6 +195,17 @@ def _without_onednn():
         torch.backends.mkldnn.enabled = previous
 
 
+@contextlib.contextmanager
+def _without_tf32():
+    """TF32 off inside the block (cuDNN convolutions and CUDA matrix products), restored after."""
+    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 class GhostClipper:
     """Per-example clipped gradient sum by per-layer rules (ghost norm / materialization) and book-keeping.
 
@@ -205,6 +216,11 @@ class GhostClipper:
             vmap engine fails; ``"fallback"`` logs a warning and uses the vmap engine from then on.
         parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
             argument of that name; layers owning none of them are not captured, gradients flow through them.
+
+    Each call runs with TF32 off (CUDA; restored after): an example's norm and its share of the clipped sum come from
+    different kernels (a Gram product or a materialized gradient, then a reweighted product), and TF32 rounds the
+    factors of each to 10 mantissa bits, so its norm could miss the share's by about 1e-3 relative and the share
+    exceed ``max_grad_norm`` by as much. In float32 they agree to rounding, as in the vmap engine.
     """
 
     def __init__(
@@ -271,6 +287,10 @@ class GhostClipper:
 
     def __call__(self, batch: tuple[Tensor, ...]) -> ClippedSum:
         """Clipped per-example gradient sum of ``batch`` (a tuple of tensors sharing the leading batch dim)."""
+        with _without_tf32():
+            return self._clipped_sum(batch)
+
+    def _clipped_sum(self, batch: tuple[Tensor, ...]) -> ClippedSum:
         size = batch[0].shape[0]
         if size and not self._verified:
             self._verify(batch)

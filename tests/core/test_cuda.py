@@ -64,3 +64,19 @@ def test_clipped_updates_on_the_gpu_are_bounded_by_the_clip(tmp_path):
         trainer.fit(module, digits(batch_size=64))
     for grad in recorder.grads:  # the average over the 64 examples of clipped gradients
         assert 0 < grad.norm().item() <= 0.01 * (1 + 1e-5)
+
+
+def test_ghost_passes_its_check_on_resnet18_in_float32_with_tf32_on():
+    """cuDNN's default TF32 made the first-step check fail on ResNet-18 (norms ~1e-3 apart); the engine turns it off."""
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        torch.manual_seed(0)
+        module = DPSGD(model="timm/resnet18", num_classes=10, input_shape=(3, 32, 32)).cuda()
+        x, y = torch.rand(16, 3, 32, 32, device="cuda"), torch.randint(0, 10, (16,), device="cuda")
+        ghost = GhostClipper(module, "per_example_loss", 1.0)
+        result = ghost((x, y))
+        assert not ghost._use_reference and torch.isfinite(result.norms).all()
+        assert torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous

@@ -14,10 +14,12 @@ Xu 2022, "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 
 * **materialized, dropped**: otherwise; the per-example gradients give the norms and are freed, and the clipped sum
   is the convolution's own weight gradient of the scaled output gradients (as in the ghost case).
 
-Per-example gradients are formed by a dilated forward convolution (the output gradients as kernels, the stride
-as dilation) when the layer has at most :data:`FEW_INPUT_CHANNELS` input channels, else by a grouped
-weight-gradient convolution; on CPU a chunk of examples at a time (:data:`CPU_CHUNK_VALUES`), which also bounds the
-memory of the dropped route's per-example gradients by one chunk.
+On CPU, per-example gradients are formed by a dilated forward convolution (the output gradients as kernels, the
+stride as dilation) when the layer has at most :data:`FEW_INPUT_CHANNELS` input channels, else by a grouped
+weight-gradient convolution, a chunk of examples at a time (:data:`CPU_CHUNK_VALUES`), which also bounds the memory
+of the dropped route's per-example gradients by one chunk. Off CPU, by one batched product of the output gradients
+and the unfolded inputs (:func:`unfold_patches`): cuDNN ran the grouped convolution group by group, and PyTorch's
+CUDA ``F.unfold`` runs once per example (:func:`uses_batched_products`).
 
 Requirements (:meth:`Conv2dRule.supports`): ``groups == 1`` and zero padding given as numbers.
 """
@@ -48,6 +50,32 @@ FEW_INPUT_CHANNELS = 3
 """Convolutions with at most this many input channels (image inputs) form their per-example gradients by the dilated
 forward convolution, faster there than the grouped weight-gradient convolution and slower with more channels
 (CPU, one thread: ``cnn_tanh``'s first layer at batch 256 4.7 vs 6.2 ms; ResNet-18's first stage 32 vs 14 ms)."""
+
+
+def uses_batched_products(tensor: Tensor) -> bool:
+    """Whether per-example gradients and unfolded inputs are formed by batched products and strided copies
+    (off CPU) rather than grouped convolutions and ``F.unfold`` (CPU). On an H100, ResNet-18's DP step at batch 64 by
+    the CPU route launched 2,910 kernels (non-private: 327) and kept the GPU busy half its 46.6 ms: ``F.unfold`` ran
+    one ``im2col`` kernel per example (31 % of the GPU time) and cuDNN's grouped weight-gradient convolution one
+    set of kernels per group."""
+    return tensor.device.type != "cpu"
+
+
+def unfold_patches(inputs: Tensor, conv: nn.Conv2d, strided: bool | None = None) -> Tensor:
+    """``F.unfold`` of ``inputs`` by ``conv``'s kernel, dilation, zero padding and stride: ``[N, C kh kw, L]``.
+
+    ``strided`` (default: :func:`uses_batched_products`) forms it as one padded copy and one copy of a strided
+    view, whatever the batch size; the values and their order are ``F.unfold``'s exactly.
+    """
+    if not (uses_batched_products(inputs) if strided is None else strided):
+        return torch.nn.functional.unfold(inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+    (ph, pw), (kh, kw), (dh, dw), (sh, sw) = conv.padding, conv.kernel_size, conv.dilation, conv.stride
+    x = torch.nn.functional.pad(inputs, (pw, pw, ph, ph))
+    n, c, h, w = x.shape
+    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    sn, sc, s_h, s_w = x.stride()
+    view = x.as_strided((n, c, kh, kw, oh, ow), (sn, sc, dh * s_h, dw * s_w, sh * s_h, sw * s_w), x.storage_offset())
+    return view.reshape(n, c * kh * kw, oh * ow)
 
 
 class Conv2dRule(LinearRule):
@@ -92,7 +120,7 @@ class Conv2dRule(LinearRule):
         """Per-example gradients summed over ``calls`` (input, output gradient), one chunk of examples at a time."""
         per_example = sum(p.numel() for p in self.tensors().values())
         rows = [group_rows(inputs, examples).shape[1] for inputs, _ in calls]  # refuses 0 examples
-        largest = examples if calls[0][0].device.type != "cpu" else max(1, CPU_CHUNK_VALUES // per_example)
+        largest = examples if uses_batched_products(calls[0][0]) else max(1, CPU_CHUNK_VALUES // per_example)
         size = math.ceil(examples / math.ceil(examples / largest))  # chunks of equal size
         for start in range(0, examples, size):
             count, total = min(size, examples - start), {}
@@ -103,11 +131,13 @@ class Conv2dRule(LinearRule):
             yield total
 
     def _example_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
-        """Per-example gradients of ``examples`` examples: the dilated forward convolution for few input channels,
-        else a grouped weight-gradient convolution with the examples as groups (an example's ``k`` rows are the
-        batch dim of that convolution)."""
+        """Per-example gradients of ``examples`` examples: off CPU one batched product; on CPU the dilated forward
+        convolution for few input channels, else a grouped weight-gradient convolution with the examples as groups
+        (an example's ``k`` rows are the batch dim of that convolution)."""
         conv, out = self.module, {}
-        if "weight" in self.names and conv.in_channels <= FEW_INPUT_CHANNELS:
+        if "weight" in self.names and uses_batched_products(inputs):
+            out["weight"] = self._product_weight_gradients(inputs, grad, examples)
+        elif "weight" in self.names and conv.in_channels <= FEW_INPUT_CHANNELS:
             out["weight"] = self._dilated_weight_gradients(inputs, grad, examples)
         elif "weight" in self.names:
             x = group_rows(inputs, examples).transpose(0, 1).flatten(1, 2)  # [k, B C, H, W]
@@ -120,6 +150,15 @@ class Conv2dRule(LinearRule):
         if "bias" in self.names:
             out["bias"] = group_rows(grad, examples).sum(dim=(1, 3, 4))
         return out
+
+    def _product_weight_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> Tensor:
+        """Per-example weight gradients ``[B, p, C, kh, kw]`` as one batched product ``G_i A_i^T`` of each example's
+        output gradients ``[p, k L]`` and unfolded inputs ``[d, k L]`` (its ``k`` rows' positions side by side)."""
+        conv = self.module
+        cols = group_rows(unfold_patches(inputs, conv, strided=True), examples)  # [B, k, d, L]
+        g = group_rows(grad.flatten(2), examples)  # [B, k, p, L]
+        cols, g = cols.transpose(1, 2).flatten(2), g.transpose(1, 2).flatten(2)
+        return torch.bmm(g, cols.transpose(1, 2)).view(examples, *conv.weight.shape)
 
     def _dilated_weight_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> Tensor:
         """Per-example weight gradients ``[B, p, C, kh, kw]`` as one forward convolution of the padded inputs (channels
@@ -148,9 +187,7 @@ class Conv2dRule(LinearRule):
         return total
 
     def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
-        conv = self.module
-        cols = torch.nn.functional.unfold(call.inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
-        return cols.transpose(1, 2), call.grad.flatten(2).transpose(1, 2)
+        return unfold_patches(call.inputs, self.module).transpose(1, 2), call.grad.flatten(2).transpose(1, 2)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         if self.keeps_per_example(factors.shape[0]):

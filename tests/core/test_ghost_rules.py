@@ -131,15 +131,17 @@ def _route(rule: Conv2dRule, examples: int) -> str:
 
 @pytest.mark.parametrize("name", list(CONVS))
 @pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
-@pytest.mark.parametrize("chunked", [False, True], ids=["one_piece", "chunks_of_2"])
-def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, chunked, monkeypatch):
+@pytest.mark.parametrize("kernels", ["one_piece", "chunks_of_2", "batched_products"])
+def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kernels, monkeypatch):
     build, size, route = CONVS[name]
     torch.manual_seed(0)
     conv = build()
     if calls == 2 and conv.in_channels != conv.out_channels:
         conv = nn.Conv2d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
-    if chunked:  # per-example gradients formed 2 examples at a time (5 = 2 + 2 + 1)
+    if kernels == "chunks_of_2":  # per-example gradients formed 2 examples at a time (5 = 2 + 2 + 1)
         monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 2 * sum(p.numel() for p in conv.parameters()))
+    if kernels == "batched_products":  # the GPU route: one batched product, unfolding by strided copies
+        monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: True)
     module = Wrapper(Convs(conv, size, calls), views)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5, conv.in_channels, size, size, generator=generator)
@@ -159,6 +161,21 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, chunk
     for full, grad in per_example.items():
         expected = torch.einsum("b,b...->...", factors, grad)
         torch.testing.assert_close(actual.grads[full], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
+def test_strided_unfold_is_f_unfold_exactly(name, layout):
+    build, size, _ = CONVS[name]
+    conv = build()
+    x = torch.randn(4, conv.in_channels, size + 3, size + 2)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout == "sliced":  # a non-contiguous view with a storage offset
+        x = x[1:, :, 2:, 1:]
+    expected = F.unfold(x, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+    assert torch.equal(ghost_conv.unfold_patches(x, conv, strided=True), expected)
+    assert torch.equal(ghost_conv.unfold_patches(x, conv), expected)  # CPU: F.unfold itself
 
 
 def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():

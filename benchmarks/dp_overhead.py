@@ -103,7 +103,7 @@ def _live_worker(case: str, mode: str, device: str, steps: int, connection) -> N
     warnings.filterwarnings("ignore")
     try:
         _pin_malloc()
-        step = _build_step(case, mode, device)
+        step = build_step(case, mode, device)
         first = _step_memory(1, step)
         connection.send({"ok": True, "live": (first, _step_memory(steps, step))})
     except Exception as error:
@@ -161,7 +161,7 @@ def _opacus(model, mode: str, x, y):
     return step
 
 
-def _build_step(case: str, mode: str, device: str):
+def build_step(case: str, mode: str, device: str):
     from lightning_dprobust.methods import DPSGD
 
     model_name, shape, batch_size, model_kwargs = CASES[case]
@@ -178,7 +178,7 @@ def _worker(case: str, mode: str, device: str, connection) -> None:
     """Serve ``("run", steps)`` requests with step times until ``None``; the first reply says whether setup worked."""
     warnings.filterwarnings("ignore")
     try:
-        step = _build_step(case, mode, device)
+        step = build_step(case, mode, device)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() / 2**20 if device.startswith("cuda") else _memory_mb(device)

@@ -7,10 +7,10 @@ from typing import Literal
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from lightning_dprobust.data.embedded import EmbeddedDataModule
+from lightning_dprobust.data.splits import check_train_part, train_part_indices
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -29,10 +29,8 @@ class DigitsDataModule(EmbeddedDataModule):
         test_fraction: fraction of all images held out as the test split.
         val_fraction: fraction of the remaining images held out for validation.
         train_part: ``"all"`` (default): the whole train split; ``"public"`` or ``"private"``: one of two disjoint
-            halves of it (stratified by class, a deterministic function of ``seed``; 646 and 647 images with the
-            defaults), validation and test splits unchanged. A model trained with DP on the private half may use
-            components pre-trained on the public half (a target classifier, an AIN attack): its DP guarantee about
-            its training set assumes that every such component is independent of that set.
+            halves of it (:func:`~lightning_dprobust.data.splits.train_part_indices`; 646 and 647 images with the
+            defaults), validation and test splits unchanged.
         **kwargs: see :class:`~lightning_dprobust.data.base.ImageDataModule`.
     """
 
@@ -44,9 +42,7 @@ class DigitsDataModule(EmbeddedDataModule):
 
     def __init__(self, train_part: Literal["all", "public", "private"] = "all", **kwargs) -> None:
         super().__init__(**kwargs)
-        if train_part not in ("all", "public", "private"):
-            raise ValueError(f"train_part must be 'all', 'public' or 'private', got {train_part!r}")
-        self.train_part = train_part
+        self.train_part = check_train_part(train_part)
 
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return load_digits_arrays()
@@ -57,7 +53,5 @@ class DigitsDataModule(EmbeddedDataModule):
         super().setup(stage)
         if self.train_part != "all":
             x, y = self.train_set.tensors
-            index = np.arange(len(y))
-            public, private = train_test_split(index, test_size=0.5, stratify=y.numpy(), random_state=self.seed)
-            keep = torch.from_numpy(np.sort(public if self.train_part == "public" else private))
+            keep = torch.from_numpy(train_part_indices(y.numpy(), self.train_part, self.seed))
             self.train_set = TensorDataset(x[keep], y[keep])

@@ -1,5 +1,5 @@
-"""Seeded splits: a random train/validation split, a stratified train/val/test split, and a split that keeps each
-group (patient) in one split."""
+"""Seeded splits: a random train/validation split, a stratified train/val/test split, a split that keeps each
+group (patient) in one split, and the public / private halves of a training set."""
 
 from __future__ import annotations
 
@@ -16,6 +16,33 @@ def check_fraction(key: str, value: float, allow_zero: bool = False) -> None:
     if not (low_ok and value < 1.0):
         interval = "[0, 1)" if allow_zero else "(0, 1)"
         raise ValueError(f"{key} must lie in {interval}, got {value}: set --data.{key} to e.g. 0.1")
+
+
+TRAIN_PARTS = ("all", "public", "private")
+"""The values of a data module's ``train_part`` argument (:func:`train_part_indices`)."""
+
+
+def check_train_part(value: str) -> str:
+    """``value`` if it is one of :data:`TRAIN_PARTS`, else a ``ValueError`` saying what to pass."""
+    if value not in TRAIN_PARTS:
+        raise ValueError(f"train_part must be 'all', 'public' or 'private', got {value!r}")
+    return value
+
+
+def train_part_indices(labels: np.ndarray, part: str, seed: int) -> np.ndarray:
+    """Sorted indices of ``part`` of a training set with these ``labels``: ``"all"``, or one of two disjoint halves
+    (``"public"``, ``"private"``) stratified by class (scikit-learn's ``train_test_split`` with ``test_size=0.5``
+    and ``random_state=seed``), so a deterministic function of ``(labels, seed)``.
+
+    A model trained with DP on the private half may use components pre-trained on the public half (a classifier in
+    front of a DP denoiser, an attack's target): its guarantee about its training set assumes every such component
+    is independent of that set, which holds only when both halves come from the same labels and seed.
+    """
+    index = np.arange(len(labels))
+    if check_train_part(part) == "all":
+        return index
+    public, private = train_test_split(index, test_size=0.5, stratify=labels, random_state=seed)
+    return np.sort(public if part == "public" else private)
 
 
 def random_split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import pickle
+from typing import Literal
 
+import numpy as np
 import torch
+from torch.utils.data import Subset
 from torchvision.datasets import VisionDataset
 from torchvision.transforms import ToTensor
 from typing_extensions import override
 
 from lightning_dprobust.data.base import ImageDataModule
 from lightning_dprobust.data.files import DatasetSource
-from lightning_dprobust.data.splits import check_fraction, split_dataset
+from lightning_dprobust.data.splits import check_fraction, check_train_part, split_dataset, train_part_indices
 
 LOAD_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, EOFError, OSError, pickle.UnpicklingError)
 
@@ -27,6 +30,10 @@ class VisionDataModule(ImageDataModule):
         download: let torchvision download the files into ``data_dir`` when they are missing (in ``prepare_data``,
             on one process). A failed download raises ``DatasetNotFoundError``.
         val_fraction: fraction of the official training set held out for validation (``0`` for none).
+        train_part: ``"all"`` (default): the train split; ``"public"`` or ``"private"``: one of two disjoint halves
+            of it, stratified by class (:func:`~lightning_dprobust.data.splits.train_part_indices`, by ``seed``);
+            validation and test splits unchanged. Components pre-trained on the public half (a classifier in front
+            of a DP denoiser) then never saw the private half a DP model trains on.
         **kwargs: see :class:`~lightning_dprobust.data.base.ImageDataModule`.
 
     Raises:
@@ -37,11 +44,18 @@ class VisionDataModule(ImageDataModule):
     source: DatasetSource
     folder: str = ""
 
-    def __init__(self, download: bool = False, val_fraction: float = 0.1, **kwargs) -> None:
+    def __init__(
+        self,
+        download: bool = False,
+        val_fraction: float = 0.1,
+        train_part: Literal["all", "public", "private"] = "all",
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         check_fraction("val_fraction", val_fraction, allow_zero=True)
         self.download = download
         self.val_fraction = val_fraction
+        self.train_part = check_train_part(train_part)
 
     def check_files(self) -> None:
         """Raise ``DatasetNotFoundError`` unless every file exists and passes its integrity check."""
@@ -64,6 +78,10 @@ class VisionDataModule(ImageDataModule):
         self.check_files()
         train, test = self._load(train=True), self._load(train=False)
         self.train_set, self.val_set = split_dataset(train, self.val_fraction, self.seed)
+        if self.train_part != "all":
+            indices = np.asarray(self.train_set.indices)
+            labels = np.asarray(train.targets)[indices]
+            self.train_set = Subset(train, indices[train_part_indices(labels, self.train_part, self.seed)].tolist())
         self.test_set = test
 
     def _load(self, train: bool) -> VisionDataset:

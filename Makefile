@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow test-gpu lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	WANDB_MODE=offline $(BIN)/python -m pytest -q -m slow
+
+test-gpu: $(STAMP)
+	WANDB_MODE=offline $(BIN)/python -m pytest -q -m gpu
 
 lint: $(STAMP)
 	$(BIN)/ruff check lightning_dprobust tests benchmarks

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import lightning as L
 import torch
@@ -158,3 +161,19 @@ def run_ranks(script, out_dir, devices: int, *args: str) -> list[dict]:
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return [torch.load(Path(out_dir) / f"rank{rank}.pt", weights_only=True) for rank in range(devices)]
+
+
+def load_benchmark(script: str) -> ModuleType:
+    """``benchmarks/<script>.py`` as a module. benchmarks/ is a folder of scripts, not a package (an installed
+    "benchmarks" package may exist), whose scripts import their siblings by name: loaded by path, with the folder on
+    ``sys.path`` while the script runs its imports."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(f"dprobust_benchmark_{script}", folder / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from lightning_dprobust.recipes import CONFIG_DIR, build_recipe, find_dp_callback
+from tests.helpers import load_benchmark
 
-# benchmarks/ is a folder of scripts, not a package (an installed "benchmarks" package may exist): load it by path
-_SPEC = importlib.util.spec_from_file_location(
-    "dprobust_benchmark_seeds", Path(__file__).resolve().parents[1] / "benchmarks" / "seeds.py"
-)
-seeds = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = seeds  # dataclasses resolve their module through sys.modules
-_SPEC.loader.exec_module(seeds)
+seeds = load_benchmark("seeds")
 Sweep, seeded_config, sweep = seeds.Sweep, seeds.seeded_config, seeds.sweep
 
 DPSGD_DIGITS = CONFIG_DIR / "dpsgd" / "digits.yaml"

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
-# benchmarks/ is a folder of scripts that import their sibling `dp_overhead` by name: load the script by path
-_BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(_BENCHMARKS))
-_SPEC = importlib.util.spec_from_file_location("dprobust_benchmark_dp_profile", _BENCHMARKS / "dp_profile.py")
-bench = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = bench
-_SPEC.loader.exec_module(bench)
-sys.path.remove(str(_BENCHMARKS))
+from tests.helpers import load_benchmark
+
+bench = load_benchmark("dp_profile")
 
 
 def test_prints_each_mode_and_the_private_steps_operators(monkeypatch, capsys):

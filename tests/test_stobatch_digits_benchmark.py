@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.helpers import load_benchmark
 from tests.robustness.pixeldp_toys import CategoricalMechanism
 
-# benchmarks/ is a folder of scripts that import their sibling `seeds` by name: load the script by path
-_BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(_BENCHMARKS))
-_SPEC = importlib.util.spec_from_file_location("dprobust_benchmark_stobatch_digits", _BENCHMARKS / "stobatch_digits.py")
-bench = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = bench
-_SPEC.loader.exec_module(bench)
-sys.path.remove(str(_BENCHMARKS))
+bench = load_benchmark("stobatch_digits")
 
 
 class ShrunkMechanism(CategoricalMechanism):

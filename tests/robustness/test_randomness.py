@@ -101,6 +101,7 @@ def test_robust_accuracy_gives_an_attack_the_same_result_whatever_else_runs(trai
     assert not torch.equal(outputs[0], outputs[2])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_an_attack_on_cuda_leaves_the_cuda_rng_as_it_found_it(trained):
     model, x, y = trained

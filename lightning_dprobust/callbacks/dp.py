@@ -69,7 +69,8 @@ class DPCallback(Callback):
         before any step would exceed ``target_epsilon`` or ``epsilon_budget``.
 
     Assumptions (each violation is refused at setup with a message that says how to fix it):
-        one optimizer; no gradient accumulation (checked at every step); no fp16 or ``bf16-true`` precision; no
+        one optimizer; no gradient accumulation (checked at every step); no fp16 or ``bf16-true`` precision
+        (``bf16-mixed`` is accepted; the ghost engine computes the private step in float32 under it); no
         resume from a checkpoint without a DP ledger; a default delta of at most 1e-3; no Lightning gradient
         clipping; no BatchNorm or other layer mixing examples; the train loader built by this callback (Poisson
         sampling), unless ``poisson_sampling=False`` is set, in which case the loader's own batches (a uniform

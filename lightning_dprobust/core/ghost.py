@@ -196,12 +196,14 @@ def _without_onednn():
 
 
 @contextlib.contextmanager
-def _without_tf32():
-    """TF32 off inside the block (cuDNN convolutions and CUDA matrix products), restored after."""
+def _float32_arithmetic(device_type: str):
+    """Autocast (mixed precision) on ``device_type`` and TF32 (cuDNN convolutions, CUDA matrix products) off inside
+    the block, restored after."""
     previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        yield
+        with torch.autocast(device_type, enabled=False):
+            yield
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
 
@@ -217,10 +219,12 @@ class GhostClipper:
         parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
             argument of that name; layers owning none of them are not captured, gradients flow through them.
 
-    Each call runs with TF32 off (CUDA; restored after): an example's norm and its share of the clipped sum come from
-    different kernels (a Gram product or a materialized gradient, then a reweighted product), and TF32 rounds the
-    factors of each to 10 mantissa bits, so its norm could miss the share's by about 1e-3 relative and the share
-    exceed ``max_grad_norm`` by as much. In float32 they agree to rounding, as in the vmap engine.
+    Each call runs in float32: autocast off (``Trainer(precision="bf16-mixed")``) and TF32 off (CUDA), both restored
+    after. An example's norm and its share of the clipped sum come from different products (a Gram product or a
+    materialized gradient, then a reweighted product); bf16 rounds the factors of each to 8 mantissa bits and TF32 to
+    10, so the norm could miss the share's by 0.1 to 1 % and the share exceed ``max_grad_norm`` by as much (under
+    ``bf16-mixed`` the first-step check saw norms 0.2 to 0.4 % apart). In float32 they agree to rounding. The vmap
+    engine keeps autocast: its norms and its sum come from the same per-example gradients.
     """
 
     def __init__(
@@ -287,7 +291,7 @@ class GhostClipper:
 
     def __call__(self, batch: tuple[Tensor, ...]) -> ClippedSum:
         """Clipped per-example gradient sum of ``batch`` (a tuple of tensors sharing the leading batch dim)."""
-        with _without_tf32():
+        with _float32_arithmetic(batch[0].device.type):
             return self._clipped_sum(batch)
 
     def _clipped_sum(self, batch: tuple[Tensor, ...]) -> ClippedSum:

@@ -124,6 +124,14 @@ def test_without_poisson_sampling_only_a_uniform_shuffle_is_accepted(tmp_path, s
         fit(tmp_path, callback, data=ShuffledData(sampler), max_steps=1)
 
 
+def test_bf16_mixed_precision_trains_with_either_engine(tmp_path):
+    """Allowed: the vmap engine's norms and sum come from the same per-example gradients, and the ghost engine runs its
+    private step in float32 (``core/test_ghost_precision.py``); under bf16 its first-step check refused the CNN."""
+    callback = DPCallback(noise_multiplier=1.0)
+    trainer = fit(tmp_path, callback, precision="bf16-mixed", max_steps=2)
+    assert trainer.global_step == 2 and 0 < callback.epsilon() < float("inf")
+
+
 def test_bf16_true_precision_is_refused(tmp_path):
     with pytest.raises(MisconfigurationException, match="bf16-true"):
         fit(tmp_path, DPCallback(noise_multiplier=1.0), precision="bf16-true", max_steps=1)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from torch.utils.data import TensorDataset
 
 from lightning_dprobust.data.embedded import EmbeddedDataModule
-from lightning_dprobust.data.splits import check_train_part, train_part_indices
+from lightning_dprobust.data.splits import TrainPart, check_train_part, train_part_indices
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -40,7 +38,7 @@ class DigitsDataModule(EmbeddedDataModule):
     mean = (0.3063,)
     std = (0.3794,)
 
-    def __init__(self, train_part: Literal["all", "public", "private"] = "all", **kwargs) -> None:
+    def __init__(self, train_part: TrainPart = "all", **kwargs) -> None:
         super().__init__(**kwargs)
         self.train_part = check_train_part(train_part)
 

@@ -4,6 +4,7 @@ group (patient) in one split, and the public / private halves of a training set.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import numpy as np
 from sklearn.model_selection import train_test_split
@@ -18,8 +19,9 @@ def check_fraction(key: str, value: float, allow_zero: bool = False) -> None:
         raise ValueError(f"{key} must lie in {interval}, got {value}: set --data.{key} to e.g. 0.1")
 
 
-TRAIN_PARTS = ("all", "public", "private")
-"""The values of a data module's ``train_part`` argument (:func:`train_part_indices`)."""
+TrainPart = Literal["all", "public", "private"]
+"""The type of a data module's ``train_part`` argument (:func:`train_part_indices`)."""
+TRAIN_PARTS: tuple[str, ...] = get_args(TrainPart)
 
 
 def check_train_part(value: str) -> str:

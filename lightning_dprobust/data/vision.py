@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-from typing import Literal
 
 import numpy as np
 import torch
@@ -14,7 +13,13 @@ from typing_extensions import override
 
 from lightning_dprobust.data.base import ImageDataModule
 from lightning_dprobust.data.files import DatasetSource
-from lightning_dprobust.data.splits import check_fraction, check_train_part, split_dataset, train_part_indices
+from lightning_dprobust.data.splits import (
+    TrainPart,
+    check_fraction,
+    check_train_part,
+    split_dataset,
+    train_part_indices,
+)
 
 LOAD_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, EOFError, OSError, pickle.UnpicklingError)
 
@@ -48,7 +53,7 @@ class VisionDataModule(ImageDataModule):
         self,
         download: bool = False,
         val_fraction: float = 0.1,
-        train_part: Literal["all", "public", "private"] = "all",
+        train_part: TrainPart = "all",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)

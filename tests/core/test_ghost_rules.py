@@ -201,10 +201,15 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
     ],
 )
-def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model, shape, kwargs):
-    """No cross-example term in any rule (closed-form norms, kept / dropped / ghost convolutions, linear, tokens):
-    the other examples' norms do not move when one example is replaced, and the replaced one's does."""
+@pytest.mark.parametrize("kernels", ["cpu", "batched_products"])
+def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model, shape, kwargs, kernels, monkeypatch):
+    """No cross-example term in any rule (closed-form norms, kept / dropped / ghost convolutions, linear, tokens),
+    with the CPU's kernels and with the batched products and strided unfolding taken off CPU: the other examples'
+    norms do not move when one example is replaced, and the replaced one's does."""
     from lightning_dprobust.methods import DPSGD
+
+    if kernels == "batched_products":
+        monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: True)
 
     torch.manual_seed(0)
     module = DPSGD(model=model, num_classes=10, input_shape=shape, model_kwargs=kwargs).eval()

@@ -54,6 +54,7 @@ from lightning_dprobust.core.ghost_layers import (
     LinearRule,
     MaterializedRule,
     TokenRule,
+    weighted_sum,
 )
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.per_sample import (
@@ -338,7 +339,7 @@ class GhostClipper:
             sums.update(rule.clipped_sum(factors))
             rule.calls = []  # frees this layer's activations and output gradients before the next layer's sum
         for name, g in fallback_grads.items():
-            sums[name] = torch.einsum("b,b...->...", factors, g)
+            sums[name] = weighted_sum(factors, g)
         return norms, losses, sums
 
     def _output_gradients(self, part: tuple[Tensor, ...]) -> Tensor:

@@ -6,7 +6,8 @@ plus unfolding ``T d`` input values, materializing ``G^T A`` costs ``~T d p``). 
 Xu 2022, "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv
 2210.00038):
 
-* **ghost**: when ``UNFOLD_COST d + T (d + p) < d p`` (:data:`UNFOLD_COST`);
+* **ghost**: when ``T (d + p) < d p``, with ``UNFOLD_COST d`` added on the left where the materialized route would
+  be the grouped convolution, which unfolds nothing (:data:`UNFOLD_COST`);
 * **materialized, kept**: otherwise, when the per-example gradients (``B (d p + p)`` values) are no larger than the
   captured inputs and output gradients. They are formed (below) during the backward where the backward runs the
   layer's output node (the captures are dropped at once, :meth:`LayerRule.stream`), and the clipped sum is
@@ -14,12 +15,12 @@ Xu 2022, "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 
 * **materialized, dropped**: otherwise; the per-example gradients give the norms and are freed, and the clipped sum
   is the convolution's own weight gradient of the scaled output gradients (as in the ghost case).
 
-On CPU, per-example gradients are formed by a dilated forward convolution (the output gradients as kernels, the
-stride as dilation) when the layer has at most :data:`FEW_INPUT_CHANNELS` input channels, else by a grouped
-weight-gradient convolution, a chunk of examples at a time (:data:`CPU_CHUNK_VALUES`), which also bounds the memory
-of the dropped route's per-example gradients by one chunk. Off CPU, by one batched product of the output gradients
-and the unfolded inputs (:func:`unfold_patches`): cuDNN ran the grouped convolution group by group, and PyTorch's
-CUDA ``F.unfold`` runs once per example (:func:`uses_batched_products`).
+Per-example gradients are formed from the layer's unfolded input patches (:func:`unfold_patches`, one strided copy
+in the input's memory order) by one batched product with the output gradients, except on CPU for inputs stored
+channels-first with more than :data:`FEW_INPUT_CHANNELS` channels, where a grouped weight-gradient convolution (the
+examples as groups) is faster: there the copy would move runs of only ``kw`` values (:func:`uses_batched_products`).
+On CPU a cache-sized chunk of examples is formed at a time (:data:`CPU_CHUNK_VALUES`), which also bounds the memory of
+the dropped route's per-example gradients by one chunk.
 
 Requirements (:meth:`Conv2dRule.supports`): ``groups == 1`` and zero padding given as numbers.
 """
@@ -32,50 +33,71 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows, squared_norms
+from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows, memory_order, squared_norms
 
 CPU_CHUNK_VALUES = 2**18
-"""On CPU, per-example gradients are formed in equal chunks of examples that hold at most this many values (one
-example at least): the grouped convolution slows down more than in proportion to its groups once its output leaves
-the cache (ResNet-18's first stage at batch 64: 14.1 ms in one piece, 7.3 ms in chunks of 8 examples)."""
+"""On CPU, per-example gradients are formed in equal chunks of examples whose per-example gradients and unfolded
+patches hold at most this many values (one example at least): past the cache, the grouped convolution slows down
+more than in proportion to its groups (ResNet-18's first stage at batch 64: 14.1 ms in one piece, 7.3 ms in chunks of
+8 examples), and the batched product too (``cnn_tanh``'s first layer at batch 1024: 64 ms in one piece, 33 ms in
+chunks)."""
 
 UNFOLD_COST = 40
-"""The cost of unfolding one input value (``im2col``, a memory-bound copy) in multiply-adds, for the choice between
-ghost norm and materialization. Measured on CPU (one thread): ``cnn_tanh``'s second layer at batch 64 unfolds at
-about 2 ns a value and multiplies at 0.05 ns; with it that layer is materialized (by the grouped convolution, no
-unfold). In three in-process A/Bs of 7 rounds, that made the DP step 4 to 18 % faster at batch 1024, 0 to 11 % at
-batch 256, and left it within noise at batch 64 (-1 to +2 %)."""
+"""The cost of unfolding one input value in multiply-adds, counted against the ghost norm where the materialized route
+unfolds nothing (the grouped convolution). Measured on CPU (one thread) with ``F.unfold``: about 2 ns a value
+against 0.05 ns a multiply-add."""
 
 FEW_INPUT_CHANNELS = 3
-"""Convolutions with at most this many input channels (image inputs) form their per-example gradients by the dilated
-forward convolution, faster there than the grouped weight-gradient convolution and slower with more channels
-(CPU, one thread: ``cnn_tanh``'s first layer at batch 256 4.7 vs 6.2 ms; ResNet-18's first stage 32 vs 14 ms)."""
+"""On CPU, channels-first inputs with at most this many channels (images) get their per-example gradients from the
+batched product, those with more from the grouped convolution (one thread, batch 64: ``cnn_tanh``'s first layer 1.9
+vs 2.5 ms, ResNet-18's stem 11.5 vs 14.0 ms; ResNet-18's first stage, 64 channels: 21.4 vs 12.2 ms)."""
 
 
-def uses_batched_products(tensor: Tensor) -> bool:
-    """Whether per-example gradients and unfolded inputs are formed by batched products and strided copies
-    (off CPU) rather than grouped convolutions and ``F.unfold`` (CPU). On an H100, ResNet-18's DP step at batch 64 by
-    the CPU route launched 2,910 kernels (non-private: 327) and kept the GPU busy half its 46.6 ms: ``F.unfold`` ran
-    one ``im2col`` kernel per example (31 % of the GPU time) and cuDNN's grouped weight-gradient convolution one
-    set of kernels per group."""
-    return tensor.device.type != "cpu"
+def _channels_last(inputs: Tensor) -> bool:
+    return inputs.shape[1] > 1 and inputs.stride(1) < inputs.stride(3)
 
 
-def unfold_patches(inputs: Tensor, conv: nn.Conv2d, strided: bool | None = None) -> Tensor:
-    """``F.unfold`` of ``inputs`` by ``conv``'s kernel, dilation, zero padding and stride: ``[N, C kh kw, L]``.
+def uses_batched_products(inputs: Tensor) -> bool:
+    """Whether a convolution's per-example gradients come from its unfolded patches and one batched product (off CPU;
+    on CPU for channels-last inputs and inputs with at most :data:`FEW_INPUT_CHANNELS` channels) rather than a grouped
+    weight-gradient convolution. Channels-last patches are copied in runs of ``kw C`` values (``cnn_tanh``'s second
+    layer at batch 64, one thread: 0.7 ms against 3.1 ms by the grouped convolution). On an H100, ResNet-18's DP step
+    at batch 64 with the grouped convolution and ``F.unfold`` launched 2,910 kernels (non-private: 327): ``F.unfold``
+    ran one ``im2col`` kernel per example and cuDNN the grouped convolution group by group."""
+    return inputs.device.type != "cpu" or inputs.shape[1] <= FEW_INPUT_CHANNELS or _channels_last(inputs)
 
-    ``strided`` (default: :func:`uses_batched_products`) forms it as one padded copy and one copy of a strided
-    view, whatever the batch size; the values and their order are ``F.unfold``'s exactly.
+
+def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> tuple[Tensor, bool]:
+    """The input patches ``conv`` multiplies, as rows ``[N, L, d]`` (``L`` output positions), and whether each row is
+    ordered ``(kh, kw, C)`` rather than ``F.unfold``'s ``(C, kh, kw)``.
+
+    Where the batched products run (:func:`uses_batched_products`), one padded copy and one copy of a strided view in
+    the input's memory order: channels-last inputs give rows ``(kh, kw, C)`` (the copy moves runs of ``kw C`` values
+    when the dilation is 1), others ``F.unfold``'s rows. Elsewhere (CPU, channels-first inputs with many channels,
+    whose strided copy moves runs of a few values: ResNet-18's ghost-norm layers at 32x32, batch 64, 31.5 ms against
+    23.8 ms) ``F.unfold`` itself.
     """
-    if not (uses_batched_products(inputs) if strided is None else strided):
-        return torch.nn.functional.unfold(inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+    if not uses_batched_products(inputs):
+        return torch.nn.functional.unfold(inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride).mT, False
     (ph, pw), (kh, kw), (dh, dw), (sh, sw) = conv.padding, conv.kernel_size, conv.dilation, conv.stride
+    channels_last = _channels_last(inputs)
     x = torch.nn.functional.pad(inputs, (pw, pw, ph, ph))
     n, c, h, w = x.shape
     oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
     sn, sc, s_h, s_w = x.stride()
-    view = x.as_strided((n, c, kh, kw, oh, ow), (sn, sc, dh * s_h, dw * s_w, sh * s_h, sw * s_w), x.storage_offset())
-    return view.reshape(n, c * kh * kw, oh * ow)
+    offset = x.storage_offset()
+    if channels_last:
+        view = x.as_strided((n, oh, ow, kh, kw, c), (sn, sh * s_h, sw * s_w, dh * s_h, dw * s_w, sc), offset)
+        return view.reshape(n, oh * ow, kh * kw * c), True
+    view = x.as_strided((n, c, kh, kw, oh, ow), (sn, sc, dh * s_h, dw * s_w, sh * s_h, sw * s_w), offset)
+    return view.reshape(n, c * kh * kw, oh * ow).mT, False
+
+
+def _cat_examples(parts: list[Tensor]) -> Tensor:
+    """``torch.cat`` along the examples in the parts' memory order: permuted views (the batched products of
+    channels-last inputs) are joined as they lie, not copied into the default order."""
+    order, inverse = memory_order(parts[0])
+    return torch.cat([part.permute(order) for part in parts]).permute(inverse)
 
 
 class Conv2dRule(LinearRule):
@@ -98,7 +120,8 @@ class Conv2dRule(LinearRule):
             return True  # bias only: its per-example gradient is a sum of output gradients
         d, p = conv.weight[0].numel(), conv.out_channels
         positions = sum(math.prod(call.shape[2:]) * (call.shape[0] // max(examples, 1)) for call in self.calls)
-        return UNFOLD_COST * d + positions * (d + p) >= d * p
+        unfold = 0 if uses_batched_products(self.calls[0].inputs) else UNFOLD_COST * d  # both routes unfold, or ghost
+        return unfold + positions * (d + p) >= d * p
 
     def keeps_per_example(self, examples: int) -> bool:
         """Whether this forward's per-example gradients are materialized and kept (decided once per forward, while
@@ -114,13 +137,17 @@ class Conv2dRule(LinearRule):
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         """Per-example ``weight`` / ``bias`` gradients of one call, formed chunk by chunk (:data:`CPU_CHUNK_VALUES`)."""
         parts = list(self._chunked([(inputs, grad)], examples))
-        return parts[0] if len(parts) == 1 else {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+        return parts[0] if len(parts) == 1 else {k: _cat_examples([part[k] for part in parts]) for k in parts[0]}
 
     def _chunked(self, calls: list[tuple[Tensor, Tensor]], examples: int) -> Iterator[dict[str, Tensor]]:
         """Per-example gradients summed over ``calls`` (input, output gradient), one chunk of examples at a time."""
-        per_example = sum(p.numel() for p in self.tensors().values())
         rows = [group_rows(inputs, examples).shape[1] for inputs, _ in calls]  # refuses 0 examples
-        largest = examples if uses_batched_products(calls[0][0]) else max(1, CPU_CHUNK_VALUES // per_example)
+        per_example = sum(p.numel() for p in self.tensors().values())
+        if uses_batched_products(calls[0][0]):  # the unfolded patches of the example's rows
+            per_example += sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True)) * (
+                self.module.weight[0].numel()
+            )
+        largest = max(1, CPU_CHUNK_VALUES // per_example) if calls[0][0].device.type == "cpu" else examples
         size = math.ceil(examples / math.ceil(examples / largest))  # chunks of equal size
         for start in range(0, examples, size):
             count, total = min(size, examples - start), {}
@@ -131,14 +158,12 @@ class Conv2dRule(LinearRule):
             yield total
 
     def _example_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
-        """Per-example gradients of ``examples`` examples: off CPU one batched product; on CPU the dilated forward
-        convolution for few input channels, else a grouped weight-gradient convolution with the examples as groups
-        (an example's ``k`` rows are the batch dim of that convolution)."""
+        """Per-example gradients of ``examples`` examples: the batched product (:func:`uses_batched_products`), else a
+        grouped weight-gradient convolution with the examples as groups (an example's ``k`` rows are the batch dim of
+        that convolution)."""
         conv, out = self.module, {}
         if "weight" in self.names and uses_batched_products(inputs):
             out["weight"] = self._product_weight_gradients(inputs, grad, examples)
-        elif "weight" in self.names and conv.in_channels <= FEW_INPUT_CHANNELS:
-            out["weight"] = self._dilated_weight_gradients(inputs, grad, examples)
         elif "weight" in self.names:
             x = group_rows(inputs, examples).transpose(0, 1).flatten(1, 2)  # [k, B C, H, W]
             g = group_rows(grad, examples).transpose(0, 1).flatten(1, 2)
@@ -152,28 +177,17 @@ class Conv2dRule(LinearRule):
         return out
 
     def _product_weight_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> Tensor:
-        """Per-example weight gradients ``[B, p, C, kh, kw]`` as one batched product ``G_i A_i^T`` of each example's
-        output gradients ``[p, k L]`` and unfolded inputs ``[d, k L]`` (its ``k`` rows' positions side by side)."""
+        """Per-example weight gradients ``[B, p, C, kh, kw]`` as one batched product ``G_i A_i`` of each example's
+        output gradients ``[p, k L]`` and unfolded patches ``[k L, d]`` (its ``k`` rows' positions one after the
+        other); for channels-last inputs a permuted view of the product (its rows are ordered ``(kh, kw, C)``)."""
         conv = self.module
-        cols = group_rows(unfold_patches(inputs, conv, strided=True), examples)  # [B, k, d, L]
-        g = group_rows(grad.flatten(2), examples)  # [B, k, p, L]
-        cols, g = cols.transpose(1, 2).flatten(2), g.transpose(1, 2).flatten(2)
-        return torch.bmm(g, cols.transpose(1, 2)).view(examples, *conv.weight.shape)
-
-    def _dilated_weight_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> Tensor:
-        """Per-example weight gradients ``[B, p, C, kh, kw]`` as one forward convolution of the padded inputs (channels
-        as the batch dim) by the output gradients (examples as groups, an example's rows as input channels: their
-        sum is the example's gradient), with the layer's stride as dilation and its dilation as stride; the
-        result is cropped to the kernel size."""
-        conv = self.module
-        (ph, pw), (kh, kw) = conv.padding, conv.kernel_size
-        x = group_rows(torch.nn.functional.pad(inputs, (pw, pw, ph, ph)), examples)  # [B, k, C, H, W]
-        g = group_rows(grad, examples).transpose(1, 2)  # [B, p, k, oh, ow]
-        kernels = g.reshape(examples * conv.out_channels, g.shape[2], *g.shape[3:])
-        images = x.permute(2, 0, 1, 3, 4).flatten(1, 2)  # [C, B k, H, W]
-        out = torch.nn.functional.conv2d(images, kernels, None, conv.dilation, 0, conv.stride, examples)
-        out = out[:, :, :kh, :kw].view(conv.in_channels, examples, conv.out_channels, kh, kw)
-        return out.permute(1, 2, 0, 3, 4)
+        patches, channels_last = unfold_patches(inputs, conv)
+        a = group_rows(patches, examples).flatten(1, 2)  # [B, k L, d]
+        g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
+        product = torch.bmm(g, a)
+        if channels_last:
+            return product.view(examples, conv.out_channels, *conv.kernel_size, conv.in_channels).permute(0, 1, 4, 2, 3)
+        return product.view(examples, *conv.weight.shape)
 
     def sq_norms(self, examples: int) -> Tensor:
         if self.keeps_per_example(examples):
@@ -187,7 +201,7 @@ class Conv2dRule(LinearRule):
         return total
 
     def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
-        return unfold_patches(call.inputs, self.module).transpose(1, 2), call.grad.flatten(2).transpose(1, 2)
+        return unfold_patches(call.inputs, self.module)[0], call.grad.flatten(2).transpose(1, 2)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         if self.keeps_per_example(factors.shape[0]):

@@ -55,8 +55,26 @@ class Capture:
 
 
 def squared_norms(per_example: Tensor) -> Tensor:
-    """``[B, ...] -> [B]``: each example's squared L2 norm, without a squared copy of ``per_example``."""
-    return torch.linalg.vector_norm(per_example.reshape(per_example.shape[0], -1), dim=1).square()
+    """``[B, ...] -> [B]``: each example's squared L2 norm, without a squared copy of ``per_example`` (nor a
+    contiguous one: a permuted view is reduced in place)."""
+    return torch.linalg.vector_norm(per_example, dim=tuple(range(1, per_example.dim()))).square()
+
+
+def memory_order(t: Tensor) -> tuple[list[int], list[int]]:
+    """A permutation of ``t``'s dims that keeps the first and puts the others outermost in memory first, and its
+    inverse: ``t.permute(order)`` is contiguous when ``t`` is a permuted view of a contiguous tensor (as the
+    convolution's batched products return)."""
+    order = [0, *sorted(range(1, t.dim()), key=lambda dim: -t.stride(dim))]
+    return order, [order.index(dim) for dim in range(t.dim())]
+
+
+def weighted_sum(weights: Tensor, per_example: Tensor) -> Tensor:
+    """``sum_i weights[i] per_example[i]`` as one vector-matrix product over ``per_example`` in its memory order (no
+    copy of a permuted view, which ``einsum`` would make), returned contiguous."""
+    order, inverse = memory_order(per_example)
+    dense = per_example.permute(order)
+    total = (weights.to(per_example.dtype) @ dense.reshape(dense.shape[0], -1)).view(dense.shape[1:])
+    return total.permute([dim - 1 for dim in inverse[1:]]).contiguous()
 
 
 def group_rows(t: Tensor, examples: int) -> Tensor:
@@ -135,7 +153,7 @@ class LayerRule:
         """``sum_i c_i grad_i`` from the kept per-example gradients (book-keeping, Bu et al. 2023)."""
         grads = self._cache
         del self._cache
-        return {self.names[k]: torch.einsum("b,b...->...", factors.to(g.dtype), g) for k, g in grads.items()}
+        return {self.names[k]: weighted_sum(factors, g) for k, g in grads.items()}
 
     def sq_norms(self, examples: int) -> Tensor:
         raise NotImplementedError

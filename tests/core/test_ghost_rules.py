@@ -1,4 +1,4 @@
-"""The closed-form normalization rule and the three convolution routes agree with the vmap engine."""
+"""The closed-form normalization rule and every convolution route and kernel agree with the vmap engine."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from timm.layers import GroupNormAct, LayerNorm, LayerNorm2d
 from torch import nn
 
+from lightning_dprobust import models
 from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
@@ -77,16 +78,16 @@ def test_fast_norm_layers_keep_the_generic_rule():
 class Convs(nn.Module):
     """One convolution called ``calls`` times on ``views`` rows per example, then a linear head."""
 
-    def __init__(self, conv: nn.Conv2d, size: int, calls: int = 1):
+    def __init__(self, conv: nn.Conv2d, size: int, calls: int = 1, channels_last: bool = False):
         super().__init__()
-        self.conv, self.calls = conv, calls
+        self.conv, self.calls, self.channels_last = conv, calls, channels_last
         out = torch.zeros(1, conv.in_channels, size, size)
         for _ in range(calls):
             out = conv(out)
         self.head = nn.Linear(out[0].numel(), 3)
 
     def forward(self, x):
-        h = x
+        h = models.cnn.channels_last(x) if self.channels_last else x
         for _ in range(self.calls):
             h = torch.tanh(self.conv(h))
         return self.head(h.flatten(1))
@@ -106,8 +107,9 @@ class Wrapper(nn.Module):
         return F.cross_entropy(logits, y, reduction="none")
 
 
-# (conv, input size, route): ghost when UNFOLD_COST d + T (d + p) < d p; kept when B (d p + p) <= captures. Up to 3
-# input channels the per-example gradients come from the dilated forward convolution, above from the grouped one.
+# (conv, input size, route): ghost when T (d + p) < d p (plus UNFOLD_COST d where the grouped convolution would
+# materialize); kept when B (d p + p) <= captures. On CPU, channels-first inputs with up to 3 channels and channels-last
+# inputs get their per-example gradients from the batched product, the others from the grouped convolution.
 CONVS = {
     "ghost": (lambda: nn.Conv2d(16, 64, 3, stride=2, padding=1), 4, "ghost"),
     "kept": (lambda: nn.Conv2d(1, 2, 3, padding=1), 6, "kept"),
@@ -131,18 +133,21 @@ def _route(rule: Conv2dRule, examples: int) -> str:
 
 @pytest.mark.parametrize("name", list(CONVS))
 @pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
-@pytest.mark.parametrize("kernels", ["one_piece", "chunks_of_2", "batched_products"])
+@pytest.mark.parametrize(
+    "kernels", ["cpu", "one_example_chunks", "batched_products", "grouped", "channels_last", "channels_last_chunks"]
+)
 def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kernels, monkeypatch):
     build, size, route = CONVS[name]
     torch.manual_seed(0)
     conv = build()
     if calls == 2 and conv.in_channels != conv.out_channels:
         conv = nn.Conv2d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
-    if kernels == "chunks_of_2":  # per-example gradients formed 2 examples at a time (5 = 2 + 2 + 1)
-        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 2 * sum(p.numel() for p in conv.parameters()))
-    if kernels == "batched_products":  # the GPU route: one batched product, unfolding by strided copies
-        monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: True)
-    module = Wrapper(Convs(conv, size, calls), views)
+    if kernels.endswith("chunks"):  # per-example gradients formed one example at a time, then joined
+        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
+    if kernels in ("batched_products", "grouped"):  # every layer by the product (as off CPU) / the grouped convolution
+        monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: kernels == "batched_products")
+    # channels-last: patches ordered (kh, kw, C), per-example gradients as permuted views
+    module = Wrapper(Convs(conv, size, calls, kernels.startswith("channels_last")), views)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5, conv.in_channels, size, size, generator=generator)
     inputs = (x, torch.randint(0, 3, (5,), generator=generator))
@@ -165,7 +170,10 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
 
 @pytest.mark.parametrize("name", list(CONVS))
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
-def test_strided_unfold_is_f_unfold_exactly(name, layout):
+@pytest.mark.parametrize("strided", [True, False])
+def test_unfolded_patches_are_f_unfold_exactly(name, layout, strided, monkeypatch):
+    """``F.unfold``'s patches transposed; from the strided copy of channels-last inputs, rows ordered (kh, kw, C)."""
+    monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: strided)
     build, size, _ = CONVS[name]
     conv = build()
     x = torch.randn(4, conv.in_channels, size + 3, size + 2)
@@ -173,9 +181,14 @@ def test_strided_unfold_is_f_unfold_exactly(name, layout):
         x = x.contiguous(memory_format=torch.channels_last)
     if layout == "sliced":  # a non-contiguous view with a storage offset
         x = x[1:, :, 2:, 1:]
-    expected = F.unfold(x, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
-    assert torch.equal(ghost_conv.unfold_patches(x, conv, strided=True), expected)
-    assert torch.equal(ghost_conv.unfold_patches(x, conv), expected)  # CPU: F.unfold itself
+    expected = F.unfold(x, conv.kernel_size, conv.dilation, conv.padding, conv.stride)  # [N, C kh kw, L]
+    rows, kernel_major = ghost_conv.unfold_patches(x, conv)
+    assert kernel_major == (strided and layout == "channels_last" and conv.in_channels > 1)
+    if kernel_major:
+        expected = expected.view(x.shape[0], conv.in_channels, *conv.kernel_size, -1).permute(0, 4, 2, 3, 1).flatten(2)
+    else:
+        expected = expected.mT
+    assert torch.equal(rows, expected)
 
 
 def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
@@ -196,7 +209,7 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
     ("model", "shape", "kwargs"),
     [
         ("cnn_tanh", (1, 14, 14), {}),
-        ("cnn_tanh", (1, 28, 28), {}),  # MNIST: conv2 by the grouped convolution on channels-last captures
+        ("cnn_tanh", (1, 28, 28), {}),  # MNIST: conv2 on channels-last captures
         ("timm/resnet18", (3, 8, 8), {}),
         ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
     ],

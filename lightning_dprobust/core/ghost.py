@@ -159,11 +159,21 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
     return [(rule.module, True, lambda *_: _mark(rule)), (rule.module, False, capture_call)]
 
 
+def _runs_no_layer(node: object) -> bool:
+    """Whether an output node only feeds leaves (the first layer's: its input needs no gradient), so that a backward
+    asked for gradients at layer outputs never runs it (:func:`executed_nodes` would say so after a graph walk)."""
+    return all(child is None or hasattr(child, "variable") for child, _ in node.next_functions)
+
+
 def streamed_rules(losses: Tensor, rules: list[LayerRule], examples: int) -> list[LayerRule]:
     """The rules that prefer streaming and whose every call's output node the backward runs (a hook on a node that
     only has its gradient recorded, e.g. the first layer's, would never fire: such rules keep their captures)."""
-    candidates = [rule for rule in rules if rule.calls and rule.prefers_streaming(examples)]
-    if not candidates:
+    candidates = [
+        rule
+        for rule in rules
+        if rule.calls and rule.prefers_streaming(examples) and not any(_runs_no_layer(c.edge.node) for c in rule.calls)
+    ]
+    if not candidates:  # e.g. the first layer alone: no graph walk
         return []
     kept = {call.edge.node for rule in rules if all(rule is not c for c in candidates) for call in rule.calls}
     executed = executed_nodes(losses, kept)

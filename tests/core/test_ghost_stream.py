@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dprobust.core.ghost import GhostClipper, streamed_rules
+from lightning_dprobust.core.ghost import GhostClipper, _runs_no_layer, streamed_rules
 from lightning_dprobust.core.ghost_graph import executed_nodes
 from lightning_dprobust.core.ghost_layers import MaterializedRule, TokenRule
 from lightning_dprobust.core.ghost_norms import NormRule
@@ -115,6 +115,8 @@ def test_executed_nodes_are_the_nodes_the_backward_runs(model):
         handle.remove()
     expected = executed_nodes(losses, {edge.node for edge in kept})
     assert fired == expected and len(expected) < len(nodes)
+    leaf_fed = {node for node in nodes if _runs_no_layer(node)}  # streamed_rules' shortcut, without a walk
+    assert leaf_fed and not leaf_fed & fired
 
 
 def test_first_step_check_differentiates_one_example_at_a_time():

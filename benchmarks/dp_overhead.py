@@ -45,6 +45,7 @@ import torch
 
 #: name -> (model, input shape, batch size, model kwargs)
 CASES = {
+    "cnn_tanh/b2": ("cnn_tanh", (1, 28, 28), 2, {}),  # next to no arithmetic: each mode's fixed cost per step
     "cnn_tanh/b64": ("cnn_tanh", (1, 28, 28), 64, {}),
     "cnn_tanh/b256": ("cnn_tanh", (1, 28, 28), 256, {}),
     "cnn_tanh/b1024": ("cnn_tanh", (1, 28, 28), 1024, {}),

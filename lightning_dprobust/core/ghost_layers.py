@@ -57,7 +57,8 @@ class Capture:
 def squared_norms(per_example: Tensor) -> Tensor:
     """``[B, ...] -> [B]``: each example's squared L2 norm, without a squared copy of ``per_example`` (nor a
     contiguous one: a permuted view is reduced in place)."""
-    return torch.linalg.vector_norm(per_example, dim=tuple(range(1, per_example.dim()))).square()
+    rows = per_example if per_example.dim() > 1 else per_example.unsqueeze(1)  # a scalar parameter's: [B] -> [B, 1]
+    return torch.linalg.vector_norm(rows, dim=tuple(range(1, rows.dim()))).square()
 
 
 def memory_order(t: Tensor) -> tuple[list[int], list[int]]:

@@ -12,7 +12,7 @@ from lightning_dprobust import models
 from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
-from lightning_dprobust.core.ghost_layers import MaterializedRule
+from lightning_dprobust.core.ghost_layers import MaterializedRule, squared_norms, weighted_sum
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 
@@ -73,6 +73,21 @@ def test_fast_norm_layers_keep_the_generic_rule():
     layer = LayerNorm(6)
     layer._fast_norm = True
     assert norm_kind(layer) is None
+
+
+@pytest.mark.parametrize("shape", [(5,), (5, 3), (5, 2, 3, 4)])
+def test_per_example_helpers_read_any_layout(shape):
+    """Squared norms and weighted sums per example, for a scalar parameter's ``[B]`` gradients and for permuted views
+    (as the batched products of channels-last inputs return), equal those of a plain contiguous copy."""
+    generator = torch.Generator().manual_seed(5)
+    dense = torch.randn(*shape[:1], *reversed(shape[1:]), generator=generator)
+    per_example = dense.permute(0, *range(dense.dim() - 1, 0, -1))  # shape ``shape``, not contiguous beyond 2 dims
+    weights = torch.rand(shape[0], generator=generator)
+    expected_norms = per_example.contiguous().reshape(shape[0], -1).square().sum(1)
+    torch.testing.assert_close(squared_norms(per_example), expected_norms, rtol=1e-12, atol=0)
+    total = weighted_sum(weights, per_example)
+    assert total.shape == shape[1:] and total.is_contiguous()
+    torch.testing.assert_close(total, torch.einsum("b,b...->...", weights, per_example.contiguous()))
 
 
 class Convs(nn.Module):

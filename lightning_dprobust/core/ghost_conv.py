@@ -55,7 +55,7 @@ first stage, 64 channels: 21.4 ms against 12.2 ms by the grouped convolution).""
 
 
 def _channels_last(inputs: Tensor) -> bool:
-    return inputs.shape[1] > 1 and inputs.stride(1) < inputs.stride(3)
+    return inputs.dim() == 4 and inputs.shape[1] > 1 and inputs.stride(1) < inputs.stride(3)
 
 
 def uses_batched_products(inputs: Tensor) -> bool:
@@ -65,7 +65,8 @@ def uses_batched_products(inputs: Tensor) -> bool:
     layer at batch 64, one thread: 0.7 ms against 3.1 ms by the grouped convolution). On an H100, ResNet-18's DP step
     at batch 64 with the grouped convolution and ``F.unfold`` launched 2,910 kernels (non-private: 327): ``F.unfold``
     ran one ``im2col`` kernel per example and cuDNN the grouped convolution group by group."""
-    return inputs.device.type != "cpu" or inputs.shape[1] <= FEW_INPUT_CHANNELS or _channels_last(inputs)
+    few_channels = inputs.dim() == 4 and inputs.shape[1] <= FEW_INPUT_CHANNELS
+    return inputs.device.type != "cpu" or few_channels or _channels_last(inputs)
 
 
 def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> tuple[Tensor, bool]:

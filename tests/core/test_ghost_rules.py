@@ -206,6 +206,24 @@ def test_unfolded_patches_are_f_unfold_exactly(name, layout, strided, monkeypatc
     assert torch.equal(rows, expected)
 
 
+class UnbatchedCalls(nn.Module):
+    """Calls its convolution once per example on an unbatched ``[C, H, W]`` image."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(2, 3, 3), nn.Linear(3 * 4 * 4, 2)
+
+    def per_example_loss(self, x, y):
+        features = torch.stack([self.conv(image) for image in x]).flatten(1)
+        return F.cross_entropy(self.head(features), y, reduction="none")
+
+
+def test_unbatched_convolution_calls_are_refused_with_the_layout_error():
+    x, y = torch.randn(4, 2, 6, 6), torch.randint(0, 2, (4,))
+    with pytest.raises(RuntimeError, match="consecutive rows.*engine='vmap'"):
+        GhostClipper(UnbatchedCalls(), "per_example_loss", 1.0)((x, y))
+
+
 def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
     torch.manual_seed(0)
     conv = nn.Conv2d(4, 8, 3, padding=1)

@@ -145,10 +145,9 @@ class Conv2dRule(LinearRule):
         """Per-example gradients summed over ``calls`` (input, output gradient), one chunk of examples at a time."""
         rows = [group_rows(inputs, examples).shape[1] for inputs, _ in calls]  # refuses 0 examples
         per_example = sum(p.numel() for p in self.tensors().values())
-        if uses_batched_products(calls[0][0]):  # the unfolded patches of the example's rows
-            per_example += sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True)) * (
-                self.module.weight[0].numel()
-            )
+        if "weight" in self.names and uses_batched_products(calls[0][0]):  # and the example's unfolded patches
+            positions = sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True))
+            per_example += positions * self.module.weight[0].numel()
         largest = max(1, CPU_CHUNK_VALUES // per_example) if calls[0][0].device.type == "cpu" else examples
         size = math.ceil(examples / math.ceil(examples / largest))  # chunks of equal size
         for start in range(0, examples, size):

@@ -149,7 +149,17 @@ def _route(rule: Conv2dRule, examples: int) -> str:
 @pytest.mark.parametrize("name", list(CONVS))
 @pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
 @pytest.mark.parametrize(
-    "kernels", ["cpu", "one_example_chunks", "batched_products", "grouped", "channels_last", "channels_last_chunks"]
+    "kernels",
+    [
+        "cpu",
+        "one_example_chunks",
+        "batched_products",
+        "grouped",
+        "channels_last",
+        "channels_last_chunks",
+        "product_sums",
+        "convolution_sums",
+    ],
 )
 def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kernels, monkeypatch):
     build, size, route = CONVS[name]
@@ -161,6 +171,8 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
         monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
     if kernels in ("batched_products", "grouped"):  # every layer by the product (as off CPU) / the grouped convolution
         monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: kernels == "batched_products")
+    if kernels.endswith("sums"):  # every clipped sum by the matrix product / the weight-gradient convolution
+        monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
     # channels-last: patches ordered (kh, kw, C), per-example gradients as permuted views
     module = Wrapper(Convs(conv, size, calls, kernels.startswith("channels_last")), views)
     generator = torch.Generator().manual_seed(2)

@@ -13,7 +13,9 @@ Xu 2022, "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 
   layer's output node (the captures are dropped at once, :meth:`LayerRule.stream`), and the clipped sum is
   ``sum_i c_i grad_i``: no second weight-gradient convolution;
 * **materialized, dropped**: otherwise; the per-example gradients give the norms and are freed, and the clipped sum
-  is the convolution's own weight gradient of the scaled output gradients (as in the ghost case).
+  is the convolution's own weight gradient of the scaled output gradients (as in the ghost case), or on CPU, for
+  maps of at most :data:`CPU_PRODUCT_SUM_POSITIONS` output positions, one matrix product of the scaled output
+  gradients and the unfolded inputs.
 
 Per-example gradients are formed from the layer's unfolded input patches (:func:`unfold_patches`, one strided copy
 in the input's memory order) by one batched product with the output gradients, except on CPU for inputs stored

@@ -127,6 +127,11 @@ class Wrapper(nn.Module):
 # inputs get their per-example gradients from the batched product, the others from the grouped convolution.
 CONVS = {
     "ghost": (lambda: nn.Conv2d(16, 64, 3, stride=2, padding=1), 4, "ghost"),
+    "ghost_strided_dilated": (
+        lambda: nn.Conv2d(8, 128, (3, 2), stride=(2, 1), padding=(2, 1), dilation=(2, 1)),
+        3,
+        "ghost",
+    ),
     "kept": (lambda: nn.Conv2d(1, 2, 3, padding=1), 6, "kept"),
     "kept_strided_dilated": (
         lambda: nn.Conv2d(3, 4, (3, 2), stride=2, padding=(1, 2), dilation=(2, 1)),

@@ -1,13 +1,11 @@
 """Per-example gradient norms and clipped sums of ``nn.Conv2d`` layers, three ways chosen from the layer's shapes.
 
 A convolution is a linear map ``W`` applied at ``T`` output positions to unfolded input patches (``d`` values each)
-giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 (d + p)`` multiply-adds per example
-plus unfolding ``T d`` input values, materializing ``G^T A`` costs ``~T d p``). The rule picks, per forward (Bu, Mao,
-Xu 2022, "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv
-2210.00038):
+giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 (d + p)`` multiply-adds per example,
+materializing ``G^T A`` costs ``~T d p``; both unfold the patches). The rule picks, per forward (Bu, Mao, Xu 2022,
+"mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv 2210.00038):
 
-* **ghost**: when ``T (d + p) < d p``, with ``UNFOLD_COST d`` added on the left where the materialized route would
-  be the grouped convolution, which unfolds nothing (:data:`UNFOLD_COST`);
+* **ghost**: when ``T (d + p) < d p``;
 * **materialized, kept**: otherwise, when the per-example gradients (``B (d p + p)`` values) are no larger than the
   captured inputs and output gradients. They are formed (below) during the backward where the backward runs the
   layer's output node (the captures are dropped at once, :meth:`LayerRule.stream`), and the clipped sum is
@@ -17,12 +15,10 @@ Xu 2022, "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 
   maps of at most :data:`CPU_PRODUCT_SUM_POSITIONS` output positions, one matrix product of the scaled output
   gradients and the unfolded inputs.
 
-Per-example gradients are formed from the layer's unfolded input patches (:func:`unfold_patches`, one strided copy
-in the input's memory order) by one batched product with the output gradients, except on CPU for inputs stored
-channels-first with more than :data:`FEW_INPUT_CHANNELS` channels, where a grouped weight-gradient convolution (the
-examples as groups) is faster: there the copy would move runs of only ``kw`` values (:func:`uses_batched_products`).
-On CPU a cache-sized chunk of examples is formed at a time (:data:`CPU_CHUNK_VALUES`), which also bounds the memory of
-the dropped route's per-example gradients by one chunk.
+Patches are unfolded by one strided copy from a channels-last view of the input (:func:`unfold_patches`: the copy
+moves runs of ``kw C`` values), and per-example gradients are one batched product of each example's output gradients
+and patches. On CPU a cache-sized chunk of examples is formed at a time (:data:`CPU_CHUNK_VALUES`), which also bounds
+the memory of the dropped route's per-example gradients by one chunk.
 
 Requirements (:meth:`Conv2dRule.supports`): ``groups == 1`` and zero padding given as numbers.
 """
@@ -39,22 +35,9 @@ from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows
 
 CPU_CHUNK_VALUES = 2**18
 """On CPU, per-example gradients are formed in equal chunks of examples whose per-example gradients and unfolded
-patches hold at most this many values (one example at least): past the cache, the grouped convolution slows down
-more than in proportion to its groups (ResNet-18's first stage at batch 64: 14.1 ms in one piece, 7.3 ms in chunks of
-8 examples), and the batched product too (``cnn_tanh``'s first layer at batch 1024: 64 ms in one piece, 33 ms in
-chunks)."""
-
-UNFOLD_COST = 40
-"""The cost of unfolding one input value in multiply-adds, counted against the ghost norm where the materialized route
-unfolds nothing (the grouped convolution). Measured on CPU (one thread) with ``F.unfold``: about 2 ns a value
-against 0.05 ns a multiply-add."""
-
-FEW_INPUT_CHANNELS = 3
-"""On CPU, channels-first inputs with at most this many channels (images) get their per-example gradients from the
-batched product, those with more from the grouped convolution (one thread, batch 64: ``cnn_tanh``'s first layer 1.9
-ms, ResNet-18's stem 11.5 ms, against 2.5 and 14.0 ms by the dilated convolution this route replaced; ResNet-18's
-first stage, 64 channels: 21.4 ms against 12.2 ms by the grouped convolution)."""
-
+patches hold at most this many values (one example at least): past the cache, the batched product slows down more than
+in proportion to its examples (one thread: ``cnn_tanh``'s first layer at batch 1024, 64 ms in one piece against 33 ms
+in chunks; ResNet-18's first stage at batch 64, 13.7 ms against 10.3 ms in chunks of 8 examples)."""
 
 CPU_PRODUCT_SUM_POSITIONS = 4
 """On CPU, the clipped sum of a layer with at most this many output positions per row is one matrix product of the
@@ -63,55 +46,47 @@ maps (one thread, batch 64, 3x3 kernels: 1x1 maps with 512 channels 20.9 against
 7.4 against 5.1 ms, 3x3 maps 9.2 against 15.7 ms; the non-private backward pays the convolution's cost too)."""
 
 
-def _channels_last(inputs: Tensor) -> bool:
-    return inputs.dim() == 4 and inputs.shape[1] > 1 and inputs.stride(1) < inputs.stride(3)
-
-
-def uses_batched_products(inputs: Tensor) -> bool:
-    """Whether a convolution's per-example gradients come from its unfolded patches and one batched product (off CPU;
-    on CPU for channels-last inputs and inputs with at most :data:`FEW_INPUT_CHANNELS` channels) rather than a grouped
-    weight-gradient convolution. Channels-last patches are copied in runs of ``kw C`` values (``cnn_tanh``'s second
-    layer at batch 64, one thread: 0.7 ms against 3.1 ms by the grouped convolution). On an H100, ResNet-18's DP step
-    at batch 64 with the grouped convolution and ``F.unfold`` launched 2,910 kernels (non-private: 327): ``F.unfold``
-    ran one ``im2col`` kernel per example and cuDNN the grouped convolution group by group."""
-    few_channels = inputs.dim() == 4 and inputs.shape[1] <= FEW_INPUT_CHANNELS
-    return inputs.device.type != "cpu" or few_channels or _channels_last(inputs)
-
-
 def _sums_by_product(call: Capture) -> bool:
     """Whether a call's clipped sum is one matrix product (:data:`CPU_PRODUCT_SUM_POSITIONS`)."""
     return call.grad.device.type == "cpu" and math.prod(call.grad.shape[2:]) <= CPU_PRODUCT_SUM_POSITIONS
 
 
-def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> tuple[Tensor, bool]:
-    """The input patches ``conv`` multiplies, as rows ``[N, L, d]`` (``L`` output positions), and whether each row is
-    ordered ``(kh, kw, C)`` rather than ``F.unfold``'s ``(C, kh, kw)``.
+def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
+    """The input patches ``conv`` multiplies, as rows ``[N, L, d]`` (``L`` output positions), each row ordered
+    ``(kh, kw, C)``: ``F.unfold``'s patches with the channel dim last.
 
-    Where the batched products run (:func:`uses_batched_products`), one padded copy and one copy of a strided view in
-    the input's memory order: channels-last inputs give rows ``(kh, kw, C)`` (the copy moves runs of ``kw C`` values
-    when the dilation is 1), others ``F.unfold``'s rows. Elsewhere (CPU, channels-first inputs with many channels,
-    whose strided copy moves runs of a few values: ResNet-18's ghost-norm layers at 32x32, batch 64, 31.5 ms against
-    23.8 ms) ``F.unfold`` itself.
+    A copy of the input in channels-last memory order (none where it is stored so already, as ``cnn_tanh``'s second
+    layer's is; converted before padding, which is 2 to 6 times faster on small maps), a padded copy, then one copy of
+    a strided view, which moves runs of ``kw C`` values when the dilation is 1 (from channels-first storage the runs
+    would be ``kw`` values long).
     """
-    if not uses_batched_products(inputs):
-        return torch.nn.functional.unfold(inputs, conv.kernel_size, conv.dilation, conv.padding, conv.stride).mT, False
+    if inputs.dim() != 4:
+        raise RuntimeError(
+            f"a convolution saw a {inputs.dim()}-D input: the ghost engine needs batched [N, C, H, W] inputs; "
+            "use DPCallback(engine='vmap') for convolutions called on single images"
+        )
     (ph, pw), (kh, kw), (dh, dw), (sh, sw) = conv.padding, conv.kernel_size, conv.dilation, conv.stride
-    channels_last = _channels_last(inputs)
-    x = torch.nn.functional.pad(inputs, (pw, pw, ph, ph))
+    channels_last = torch.channels_last
+    # padding keeps the channels-last order, except for 1x1 maps (stored both ways): there it needs the second call
+    x = torch.nn.functional.pad(inputs.contiguous(memory_format=channels_last), (pw, pw, ph, ph))
+    x = x.contiguous(memory_format=channels_last)
     n, c, h, w = x.shape
     oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
     sn, sc, s_h, s_w = x.stride()
-    offset = x.storage_offset()
-    if channels_last:
-        view = x.as_strided((n, oh, ow, kh, kw, c), (sn, sh * s_h, sw * s_w, dh * s_h, dw * s_w, sc), offset)
-        return view.reshape(n, oh * ow, kh * kw * c), True
-    view = x.as_strided((n, c, kh, kw, oh, ow), (sn, sc, dh * s_h, dw * s_w, sh * s_h, sw * s_w), offset)
-    return view.reshape(n, c * kh * kw, oh * ow).mT, False
+    view = x.as_strided((n, oh, ow, kh, kw, c), (sn, sh * s_h, sw * s_w, dh * s_h, dw * s_w, sc), x.storage_offset())
+    return view.reshape(n, oh * ow, kh * kw * c)
+
+
+def _channels_first(columns: Tensor, conv: nn.Conv2d) -> Tensor:
+    """``[..., kh kw C]`` columns (patches, or products with them) as ``[..., C, kh, kw]`` (a permuted view)."""
+    shaped = columns.view(*columns.shape[:-1], *conv.kernel_size, conv.in_channels)
+    k = columns.dim() - 1
+    return shaped.permute(*range(k), k + 2, k, k + 1)
 
 
 def _cat_examples(parts: list[Tensor]) -> Tensor:
-    """``torch.cat`` along the examples in the parts' memory order: permuted views (the batched products of
-    channels-last inputs) are joined as they lie, not copied into the default order."""
+    """``torch.cat`` along the examples in the parts' memory order: the batched products' permuted views are joined as
+    they lie, not copied into the default order."""
     order, inverse = memory_order(parts[0])
     return torch.cat([part.permute(order) for part in parts]).permute(inverse)
 
@@ -136,8 +111,7 @@ class Conv2dRule(LinearRule):
             return True  # bias only: its per-example gradient is a sum of output gradients
         d, p = conv.weight[0].numel(), conv.out_channels
         positions = sum(math.prod(call.shape[2:]) * (call.shape[0] // max(examples, 1)) for call in self.calls)
-        unfold = 0 if uses_batched_products(self.calls[0].inputs) else UNFOLD_COST * d  # both routes unfold, or ghost
-        return unfold + positions * (d + p) >= d * p
+        return positions * (d + p) >= d * p
 
     def keeps_per_example(self, examples: int) -> bool:
         """Whether this forward's per-example gradients are materialized and kept (decided once per forward, while
@@ -159,7 +133,7 @@ class Conv2dRule(LinearRule):
         """Per-example gradients summed over ``calls`` (input, output gradient), one chunk of examples at a time."""
         rows = [group_rows(inputs, examples).shape[1] for inputs, _ in calls]  # refuses 0 examples
         per_example = sum(p.numel() for p in self.tensors().values())
-        if "weight" in self.names and uses_batched_products(calls[0][0]):  # and the example's unfolded patches
+        if "weight" in self.names:  # and the example's unfolded patches
             positions = sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True))
             per_example += positions * self.module.weight[0].numel()
         largest = max(1, CPU_CHUNK_VALUES // per_example) if calls[0][0].device.type == "cpu" else examples
@@ -173,36 +147,17 @@ class Conv2dRule(LinearRule):
             yield total
 
     def _example_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
-        """Per-example gradients of ``examples`` examples: the batched product (:func:`uses_batched_products`), else a
-        grouped weight-gradient convolution with the examples as groups (an example's ``k`` rows are the batch dim of
-        that convolution)."""
-        conv, out = self.module, {}
-        if "weight" in self.names and uses_batched_products(inputs):
-            out["weight"] = self._product_weight_gradients(inputs, grad, examples)
-        elif "weight" in self.names:
-            x = group_rows(inputs, examples).transpose(0, 1).flatten(1, 2)  # [k, B C, H, W]
-            g = group_rows(grad, examples).transpose(0, 1).flatten(1, 2)
-            # only the weight's shape is read; a broadcast view avoids copying the weight B times
-            weight = conv.weight.detach().new_empty(1).expand(examples * conv.out_channels, *conv.weight.shape[1:])
-            out["weight"] = self._weight_grad(g, x, weight, examples, (True, False))[0].view(
-                examples, *conv.weight.shape
-            )
+        """Per-example gradients of ``examples`` examples: the weight's as one batched product ``G_i A_i`` of each
+        example's output gradients ``[p, k L]`` and unfolded patches ``[k L, d]`` (its ``k`` rows' positions one after
+        the other), a permuted view ``[B, p, C, kh, kw]`` of the product (the patches are ordered ``(kh, kw, C)``)."""
+        out = {}
+        if "weight" in self.names:
+            a = group_rows(unfold_patches(inputs, self.module), examples).flatten(1, 2)  # [B, k L, d]
+            g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
+            out["weight"] = _channels_first(torch.bmm(g, a), self.module)
         if "bias" in self.names:
             out["bias"] = group_rows(grad, examples).sum(dim=(1, 3, 4))
         return out
-
-    def _product_weight_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> Tensor:
-        """Per-example weight gradients ``[B, p, C, kh, kw]`` as one batched product ``G_i A_i`` of each example's
-        output gradients ``[p, k L]`` and unfolded patches ``[k L, d]`` (its ``k`` rows' positions one after the
-        other); for channels-last inputs a permuted view of the product (its rows are ordered ``(kh, kw, C)``)."""
-        conv = self.module
-        patches, channels_last = unfold_patches(inputs, conv)
-        a = group_rows(patches, examples).flatten(1, 2)  # [B, k L, d]
-        g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
-        product = torch.bmm(g, a)
-        if channels_last:
-            return product.view(examples, conv.out_channels, *conv.kernel_size, conv.in_channels).permute(0, 1, 4, 2, 3)
-        return product.view(examples, *conv.weight.shape)
 
     def sq_norms(self, examples: int) -> Tensor:
         if self.keeps_per_example(examples):
@@ -216,13 +171,13 @@ class Conv2dRule(LinearRule):
         return total
 
     def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
-        return unfold_patches(call.inputs, self.module)[0], call.grad.flatten(2).transpose(1, 2)
+        return unfold_patches(call.inputs, self.module), call.grad.flatten(2).transpose(1, 2)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         if self.keeps_per_example(factors.shape[0]):
             return self._per_example_clipped_sum(factors)
         del self._cache
-        conv, out = self.module, {}
+        out = {}
         mask = ("weight" in self.names, "bias" in self.names)
         for call in self.calls:
             rows = factors.to(call.grad.dtype).repeat_interleave(call.grad.shape[0] // factors.shape[0])
@@ -230,7 +185,7 @@ class Conv2dRule(LinearRule):
             if _sums_by_product(call):
                 weight, bias = self._product_sum(scaled, call.inputs, mask)
             else:
-                weight, bias = self._weight_grad(scaled, call.inputs, conv.weight.detach(), 1, mask)
+                weight, bias = self._weight_grad(scaled, call.inputs, mask)
             for local, grad in (("weight", weight), ("bias", bias)):
                 if local in self.names:
                     name = self.names[local]
@@ -241,33 +196,36 @@ class Conv2dRule(LinearRule):
         self, grad: Tensor, inputs: Tensor, mask: tuple[bool, bool]
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(weight, bias)`` gradients (``mask`` says which) summed over the batch dim, the weight's as one matrix
-        product ``G^T A`` of the output gradients and the unfolded inputs of every row and position."""
+        product ``G^T A`` of the output gradients and the unfolded inputs of every row and position. Whichever factor
+        is smaller, the patches ``[N L, d]`` or the product ``[p, d]``, is copied into the weight's ``(C, kh, kw)``
+        order (ResNet-18's last stage, 1x1 maps, batch 64: 64 rows of patches against a 512-row product whose copy
+        took longer than the product)."""
         conv, weight = self.module, None
         if mask[0]:
-            patches, kernel_major = unfold_patches(inputs, conv)
             rows = grad.flatten(2).transpose(1, 2).reshape(-1, conv.out_channels)  # [N L, p]
-            product = rows.T @ patches.reshape(rows.shape[0], -1)  # [p, d]
-            if kernel_major:
-                product = product.view(conv.out_channels, *conv.kernel_size, conv.in_channels).permute(0, 3, 1, 2)
-            weight = product.reshape(conv.weight.shape)
+            patches = unfold_patches(inputs, conv).reshape(rows.shape[0], -1)
+            if rows.shape[0] < conv.out_channels:
+                weight = (rows.T @ _channels_first(patches, conv).reshape(patches.shape)).view(conv.weight.shape)
+            else:
+                weight = _channels_first(rows.T @ patches, conv).contiguous()
         return weight, grad.sum(dim=(0, 2, 3)) if mask[1] else None
 
     def _weight_grad(
-        self, grad: Tensor, inputs: Tensor, weight: Tensor, groups: int, mask: tuple[bool, bool]
+        self, grad: Tensor, inputs: Tensor, mask: tuple[bool, bool]
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(weight, bias)`` gradients of the convolution (``mask`` says which) summed over the batch dim."""
         conv = self.module
         _, w, b = torch.ops.aten.convolution_backward(
             grad,
             inputs,
-            weight,
-            [weight.shape[0]],
+            conv.weight.detach(),
+            [conv.out_channels],
             conv.stride,
             conv.padding,
             conv.dilation,
             False,
             [0, 0],
-            groups,
+            1,
             [False, *mask],
         )
         return w, b

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
@@ -98,14 +97,6 @@ def test_dpcert_augmentation_groups(model, variant):
     inputs = module.training_inputs(images(module, 3, seed=2))
     assert inputs[0].shape[1] == 3  # clean view + 2 augmentations: one example, three rows
     assert_engines_agree(module, inputs)
-
-
-@pytest.mark.parametrize("model", ["cnn_tanh", "timm/resnet18", "preact_resnet8"])
-def test_the_convolution_route_taken_off_cpu_agrees_too(model, monkeypatch):
-    """Batched products and strided unfolding (the route on GPUs), forced on CPU, augmentation groups included."""
-    monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: True)
-    module = build(DPCert, model, num_augmentations=2)
-    assert_engines_agree(module, module.training_inputs(images(module, 3, seed=2)))
 
 
 @pytest.mark.parametrize("clipping", ["psac", "automatic"])

@@ -122,9 +122,7 @@ class Wrapper(nn.Module):
         return F.cross_entropy(logits, y, reduction="none")
 
 
-# (conv, input size, route): ghost when T (d + p) < d p (plus UNFOLD_COST d where the grouped convolution would
-# materialize); kept when B (d p + p) <= captures. On CPU, channels-first inputs with up to 3 channels and channels-last
-# inputs get their per-example gradients from the batched product, the others from the grouped convolution.
+# (conv, input size, route): ghost when T (d + p) < d p; kept when B (d p + p) <= captures.
 CONVS = {
     "ghost": (lambda: nn.Conv2d(16, 64, 3, stride=2, padding=1), 4, "ghost"),
     "ghost_strided_dilated": (
@@ -158,8 +156,6 @@ def _route(rule: Conv2dRule, examples: int) -> str:
     [
         "cpu",
         "one_example_chunks",
-        "batched_products",
-        "grouped",
         "channels_last",
         "channels_last_chunks",
         "product_sums",
@@ -174,11 +170,9 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
         conv = nn.Conv2d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
     if kernels.endswith("chunks"):  # per-example gradients formed one example at a time, then joined
         monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
-    if kernels in ("batched_products", "grouped"):  # every layer by the product (as off CPU) / the grouped convolution
-        monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: kernels == "batched_products")
     if kernels.endswith("sums"):  # every clipped sum by the matrix product / the weight-gradient convolution
         monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
-    # channels-last: patches ordered (kh, kw, C), per-example gradients as permuted views
+    # channels-last: captures stored channels-last (their patches are copied without a layout change)
     module = Wrapper(Convs(conv, size, calls, kernels.startswith("channels_last")), views)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5, conv.in_channels, size, size, generator=generator)
@@ -202,10 +196,8 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
 
 @pytest.mark.parametrize("name", list(CONVS))
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
-@pytest.mark.parametrize("strided", [True, False])
-def test_unfolded_patches_are_f_unfold_exactly(name, layout, strided, monkeypatch):
-    """``F.unfold``'s patches transposed; from the strided copy of channels-last inputs, rows ordered (kh, kw, C)."""
-    monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: strided)
+def test_unfolded_patches_are_f_unfold_exactly(name, layout):
+    """``F.unfold``'s patches, transposed to rows ``[N, L, d]`` and each row ordered ``(kh, kw, C)``."""
     build, size, _ = CONVS[name]
     conv = build()
     x = torch.randn(4, conv.in_channels, size + 3, size + 2)
@@ -214,31 +206,31 @@ def test_unfolded_patches_are_f_unfold_exactly(name, layout, strided, monkeypatc
     if layout == "sliced":  # a non-contiguous view with a storage offset
         x = x[1:, :, 2:, 1:]
     expected = F.unfold(x, conv.kernel_size, conv.dilation, conv.padding, conv.stride)  # [N, C kh kw, L]
-    rows, kernel_major = ghost_conv.unfold_patches(x, conv)
-    assert kernel_major == (strided and layout == "channels_last" and conv.in_channels > 1)
-    if kernel_major:
-        expected = expected.view(x.shape[0], conv.in_channels, *conv.kernel_size, -1).permute(0, 4, 2, 3, 1).flatten(2)
-    else:
-        expected = expected.mT
-    assert torch.equal(rows, expected)
+    expected = expected.view(x.shape[0], conv.in_channels, *conv.kernel_size, -1).permute(0, 4, 2, 3, 1).flatten(2)
+    assert torch.equal(ghost_conv.unfold_patches(x, conv), expected)
 
 
 class UnbatchedCalls(nn.Module):
     """Calls its convolution once per example on an unbatched ``[C, H, W]`` image."""
 
-    def __init__(self):
+    def __init__(self, conv: nn.Conv2d, size: int):
         super().__init__()
-        self.conv, self.head = nn.Conv2d(2, 3, 3), nn.Linear(3 * 4 * 4, 2)
+        self.conv = conv
+        self.head = nn.Linear(conv(torch.zeros(conv.in_channels, size, size)).numel(), 2)
 
     def per_example_loss(self, x, y):
         features = torch.stack([self.conv(image) for image in x]).flatten(1)
         return F.cross_entropy(self.head(features), y, reduction="none")
 
 
-def test_unbatched_convolution_calls_are_refused_with_the_layout_error():
-    x, y = torch.randn(4, 2, 6, 6), torch.randint(0, 2, (4,))
-    with pytest.raises(RuntimeError, match="consecutive rows.*engine='vmap'"):
-        GhostClipper(UnbatchedCalls(), "per_example_loss", 1.0)((x, y))
+@pytest.mark.parametrize("name", ["kept", "ghost"])
+def test_unbatched_convolution_calls_are_refused_with_the_layout_error(name):
+    """Whichever route the layer takes (grouping rows by example or unfolding first), the error says what to do."""
+    build, size, _ = CONVS[name]
+    module = UnbatchedCalls(build(), size)
+    x, y = torch.randn(4, module.conv.in_channels, size, size), torch.randint(0, 2, (4,))
+    with pytest.raises(RuntimeError, match="consecutive rows.*engine='vmap'|engine='vmap'.*single images"):
+        GhostClipper(module, "per_example_loss", 1.0)((x, y))
 
 
 def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
@@ -264,15 +256,15 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
     ],
 )
-@pytest.mark.parametrize("kernels", ["cpu", "batched_products"])
-def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model, shape, kwargs, kernels, monkeypatch):
+@pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])
+def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model, shape, kwargs, chunks, monkeypatch):
     """No cross-example term in any rule (closed-form norms, kept / dropped / ghost convolutions, linear, tokens),
-    with the CPU's kernels and with the batched products and strided unfolding taken off CPU: the other examples'
+    with per-example convolution gradients formed in cache-sized chunks or one example at a time: the other examples'
     norms do not move when one example is replaced, and the replaced one's does."""
     from lightning_dprobust.methods import DPSGD
 
-    if kernels == "batched_products":
-        monkeypatch.setattr(ghost_conv, "uses_batched_products", lambda tensor: True)
+    if chunks == "one_example":
+        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
 
     torch.manual_seed(0)
     module = DPSGD(model=model, num_classes=10, input_shape=shape, model_kwargs=kwargs).eval()

@@ -61,7 +61,9 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
     A copy of the input in channels-last memory order (none where it is stored so already, as ``cnn_tanh``'s second
     layer's is; converted before padding, which is 2 to 6 times faster on small maps), a padded copy, then one copy of
     a strided view, which moves runs of ``kw C`` values when the dilation is 1 (from channels-first storage the runs
-    would be ``kw`` values long).
+    would be ``kw`` values long). On ResNet-18 at batch 64 (one thread, one process alternating the two) the
+    convolution rules took 125 ms a step against 163 ms with the grouped weight-gradient convolution and ``F.unfold``
+    that channels-first inputs with more than 3 channels took on CPU before.
     """
     if inputs.dim() != 4:
         raise RuntimeError(

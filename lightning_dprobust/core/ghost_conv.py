@@ -71,10 +71,9 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
             "use DPCallback(engine='vmap') for convolutions called on single images"
         )
     (ph, pw), (kh, kw), (dh, dw), (sh, sw) = conv.padding, conv.kernel_size, conv.dilation, conv.stride
-    channels_last = torch.channels_last
-    # padding keeps the channels-last order, except for 1x1 maps (stored both ways): there it needs the second call
-    x = torch.nn.functional.pad(inputs.contiguous(memory_format=channels_last), (pw, pw, ph, ph))
-    x = x.contiguous(memory_format=channels_last)
+    x = torch.nn.functional.pad(inputs.contiguous(memory_format=torch.channels_last), (pw, pw, ph, ph))
+    # padding keeps the channels-last order, except for 1x1 maps (stored both ways): there this call copies
+    x = x.contiguous(memory_format=torch.channels_last)
     n, c, h, w = x.shape
     oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
     sn, sc, s_h, s_w = x.stride()

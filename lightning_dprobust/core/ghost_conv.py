@@ -164,8 +164,6 @@ class Conv2dRule(LinearRule):
         return out
 
     def sq_norms(self, examples: int) -> Tensor:
-        if self.keeps_per_example(examples):
-            return self._per_example_sq_norms(examples)
         if self._materializes(examples):  # each chunk's per-example gradients are freed after its norms
             chunks = self._chunked([(call.inputs, call.grad) for call in self.calls], examples)
             total = torch.cat([sum(squared_norms(g) for g in grads.values()) for grads in chunks])
@@ -178,14 +176,12 @@ class Conv2dRule(LinearRule):
         return unfold_patches(call.inputs, self.module), call.grad.flatten(2).transpose(1, 2)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        if self.keeps_per_example(factors.shape[0]):
-            return self._per_example_clipped_sum(factors)
         del self._cache
         out = {}
         mask = ("weight" in self.names, "bias" in self.names)
         for call in self.calls:
-            rows = factors.to(call.grad.dtype).repeat_interleave(call.grad.shape[0] // factors.shape[0])
-            scaled = call.grad * rows[:, None, None, None]
+            rows, views = factors.to(call.grad.dtype), call.grad.shape[0] // factors.shape[0]
+            scaled = call.grad * (rows if views == 1 else rows.repeat_interleave(views))[:, None, None, None]
             if _sums_by_product(call):
                 weight, bias = self._product_sum(scaled, call.inputs, mask)
             else:

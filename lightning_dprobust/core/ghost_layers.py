@@ -22,6 +22,7 @@ Convolutions (``core/ghost_conv.py``) and GroupNorm / LayerNorm (``core/ghost_no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -69,13 +70,19 @@ def memory_order(t: Tensor) -> tuple[list[int], list[int]]:
     return order, [order.index(dim) for dim in range(t.dim())]
 
 
-def weighted_sum(weights: Tensor, per_example: Tensor) -> Tensor:
-    """``sum_i weights[i] per_example[i]`` as one vector-matrix product over ``per_example`` in its memory order (no
-    copy of a permuted view, which ``einsum`` would make), returned contiguous."""
-    order, inverse = memory_order(per_example)
-    dense = per_example.permute(order)
-    total = (weights.to(per_example.dtype) @ dense.reshape(dense.shape[0], -1)).view(dense.shape[1:])
-    return total.permute([dim - 1 for dim in inverse[1:]]).contiguous()
+def example_rows(per_example: dict[str, Tensor], examples: int) -> Tensor:
+    """``[B, P]``: every per-example gradient ``[B, *shape]`` flattened, side by side in the dict's order, so that
+    their norms and their weighted sum are one reduction and one vector-matrix product for all of them, not a few
+    kernels per parameter tensor (kernel launches were what a GPU step waited on). Permuted views are copied once."""
+    return torch.cat([g.reshape(examples, -1) for g in per_example.values()], dim=1)
+
+
+def split_rows(total: Tensor, per_example: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``[P]`` (e.g. a weighted sum of :func:`example_rows`) -> ``name -> [*shape]`` views, in each gradient's dtype."""
+    pieces = total.split([math.prod(g.shape[1:]) for g in per_example.values()])
+    return {
+        name: piece.view(g.shape[1:]).to(g.dtype) for (name, g), piece in zip(per_example.items(), pieces, strict=True)
+    }
 
 
 def group_rows(t: Tensor, examples: int) -> Tensor:
@@ -132,8 +139,15 @@ class LayerRule:
             self.streamed = {k: total[k] + v if k in total else v for k, v in grads.items()}
         call.inputs = None
 
-    def _per_example(self, examples: int) -> dict[str, Tensor]:
-        """The streamed per-example gradients plus those of the calls captured whole."""
+    def keeps_per_example(self, examples: int) -> bool:
+        """Whether this forward's per-example gradients are materialized and kept until the clip factors are known
+        (:meth:`per_example_gradients`; the engine then takes their norms and weighted sum with every other kept
+        layer's at once, book-keeping). Otherwise the rule gives :meth:`sq_norms` and :meth:`clipped_sum`."""
+        return False
+
+    def per_example_gradients(self, examples: int) -> dict[str, Tensor]:
+        """The streamed per-example gradients plus those of the calls captured whole (``local name -> [B, *shape]``;
+        none for a layer no call of which reached the losses); drops them from the rule."""
         total = self.streamed or {}
         self.streamed = None
         for call in self.calls:
@@ -142,24 +156,13 @@ class LayerRule:
                 total = {k: total[k] + v if k in total else v for k, v in grads.items()}
         return total
 
-    def _per_example_sq_norms(self, examples: int) -> Tensor:
-        """Squared norms from materialized per-example gradients, cached for :meth:`_per_example_clipped_sum`."""
-        self._cache = self._per_example(examples)
-        squares = [squared_norms(g) for g in self._cache.values()]
-        if not squares:  # no call of this layer reached the losses
-            return next(iter(self.tensors().values())).new_zeros(examples)
-        return sum(squares[1:], squares[0])
-
-    def _per_example_clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        """``sum_i c_i grad_i`` from the kept per-example gradients (book-keeping, Bu et al. 2023)."""
-        grads = self._cache
-        del self._cache
-        return {self.names[k]: weighted_sum(factors, g) for k, g in grads.items()}
-
     def sq_norms(self, examples: int) -> Tensor:
+        """``[B]`` squared per-example gradient norms of this rule's parameters (rules that keep no per-example
+        gradients)."""
         raise NotImplementedError
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        """``full name -> sum_i factors[i] grad_i`` (rules that keep no per-example gradients)."""
         raise NotImplementedError
 
 
@@ -183,12 +186,9 @@ class LinearRule(LayerRule):
     def sq_norms(self, examples: int) -> Tensor:
         a, g = self._positions(examples)
         self._cache = (a, g)
-        total = a.new_zeros(examples)
         if "weight" in self.names:
-            total = total + weight_sq_norms(a, g)
-        if "bias" in self.names:
-            total = total + g.sum(dim=1).square().sum(dim=1)
-        return total
+            return weight_sq_norms(a, g, with_bias="bias" in self.names)
+        return g.sum(dim=1).square().sum(dim=1)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         a, g = self._cache
@@ -203,14 +203,20 @@ class LinearRule(LayerRule):
         return out
 
 
-def weight_sq_norms(a: Tensor, g: Tensor) -> Tensor:
-    """``||G_i^T A_i||_F^2`` for each example: ghost norm when ``T (d + p) < d p``, else materialized."""
+def weight_sq_norms(a: Tensor, g: Tensor, with_bias: bool) -> Tensor:
+    """``||G_i^T A_i||_F^2`` for each example (plus the bias's ``||G_i^T 1||^2`` when ``with_bias``): ghost norm when
+    ``T (d + p) < d p``, else materialized. The bias is the weight of a constant input 1, so the ghost norm adds it
+    as ``<A A^T + 1 1^T, G G^T>`` and a single position as ``(||a||^2 + 1) ||g||^2``: one kernel, not three."""
     positions, d, p = a.shape[1], a.shape[2], g.shape[2]
     if positions == 1:
-        return squared_norms(a) * squared_norms(g)
+        return (squared_norms(a) + 1 if with_bias else squared_norms(a)) * squared_norms(g)
     if positions * (d + p) < d * p:
-        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
-    return squared_norms(torch.bmm(g.transpose(1, 2), a))
+        gram = torch.bmm(a, a.transpose(1, 2))
+        if with_bias:
+            gram += 1
+        return (gram * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
+    total = squared_norms(torch.bmm(g.transpose(1, 2), a))
+    return total + g.sum(dim=1).square().sum(dim=1) if with_bias else total
 
 
 class MaterializedRule(LayerRule):
@@ -235,11 +241,8 @@ class MaterializedRule(LayerRule):
 
         return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
 
-    def sq_norms(self, examples: int) -> Tensor:
-        return self._per_example_sq_norms(examples)
-
-    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        return self._per_example_clipped_sum(factors)
+    def keeps_per_example(self, examples: int) -> bool:
+        return True
 
 
 class TokenRule(MaterializedRule):

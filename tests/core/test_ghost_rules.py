@@ -12,7 +12,7 @@ from lightning_dprobust import models
 from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
-from lightning_dprobust.core.ghost_layers import MaterializedRule, squared_norms, weighted_sum
+from lightning_dprobust.core.ghost_layers import MaterializedRule, example_rows, split_rows, squared_norms
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 
@@ -77,17 +77,23 @@ def test_fast_norm_layers_keep_the_generic_rule():
 
 @pytest.mark.parametrize("shape", [(5,), (5, 3), (5, 2, 3, 4)])
 def test_per_example_helpers_read_any_layout(shape):
-    """Squared norms and weighted sums per example, for a scalar parameter's ``[B]`` gradients and for permuted views
-    (as the batched products of channels-last inputs return), equal those of a plain contiguous copy."""
+    """Squared norms per example, and weighted sums through the side-by-side rows of several gradients, for a scalar
+    parameter's ``[B]`` gradients and for permuted views (as the batched products of channels-last inputs return),
+    equal those of plain contiguous copies, each gradient's sum in its own shape and dtype."""
     generator = torch.Generator().manual_seed(5)
     dense = torch.randn(*shape[:1], *reversed(shape[1:]), generator=generator)
     per_example = dense.permute(0, *range(dense.dim() - 1, 0, -1))  # shape ``shape``, not contiguous beyond 2 dims
     weights = torch.rand(shape[0], generator=generator)
     expected_norms = per_example.contiguous().reshape(shape[0], -1).square().sum(1)
     torch.testing.assert_close(squared_norms(per_example), expected_norms, rtol=1e-12, atol=0)
-    total = weighted_sum(weights, per_example)
-    assert total.shape == shape[1:] and total.is_contiguous()
-    torch.testing.assert_close(total, torch.einsum("b,b...->...", weights, per_example.contiguous()))
+    grads = {"a": per_example, "scalar": torch.randn(shape[0], generator=generator), "b": per_example.flip(0)}
+    rows = example_rows(grads, shape[0])
+    torch.testing.assert_close(rows.square().sum(1), sum(squared_norms(g) for g in grads.values()))
+    totals = split_rows(weights @ rows, grads)
+    assert list(totals) == list(grads)
+    for name, g in grads.items():
+        assert totals[name].shape == g.shape[1:] and totals[name].dtype == g.dtype
+        torch.testing.assert_close(totals[name], torch.einsum("b,b...->...", weights, g.contiguous()))
 
 
 class Convs(nn.Module):
@@ -177,6 +183,16 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5, conv.in_channels, size, size, generator=generator)
     inputs = (x, torch.randint(0, 3, (5,), generator=generator))
+    if calls == 1 and views == 1:
+        probe = GhostClipper(module, "per_example_loss", 1.0)
+        probe._output_gradients(inputs)
+        assert _route(next(rule for rule in probe.rules if isinstance(rule, Conv2dRule)), 5) == route
+    _assert_ghost_equals_vmap(module, inputs)
+
+
+def _assert_ghost_equals_vmap(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    """The ghost engine's norms and clipped sums equal the vmap engine's (bound: the median norm, so that some
+    examples are clipped and some not)."""
     per_example, _ = PerExampleClipper(module, "per_example_loss", 1.0).per_example_gradients(inputs)
     norms = per_example_norms(per_example)
     bound = float(norms.median())
@@ -184,14 +200,40 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
     ghost = GhostClipper(module, "per_example_loss", bound)
     ghost._verified = True
     actual = ghost(inputs)
-    if calls == 1 and views == 1:
-        probe = GhostClipper(module, "per_example_loss", bound)
-        probe._output_gradients(inputs)
-        assert _route(next(rule for rule in probe.rules if isinstance(rule, Conv2dRule)), 5) == route
     torch.testing.assert_close(actual.norms, norms, rtol=1e-10, atol=1e-12)
     for full, grad in per_example.items():
         expected = torch.einsum("b,b...->...", factors, grad)
         torch.testing.assert_close(actual.grads[full], expected, rtol=1e-10, atol=1e-12)
+
+
+class Tokens(nn.Module):
+    """A linear layer on ``tokens`` positions per row (as a transformer's token-wise layers), then a linear head."""
+
+    def __init__(self, linear: nn.Linear, tokens: int):
+        super().__init__()
+        self.linear, self.tokens = linear, tokens
+        self.head = nn.Linear(tokens * linear.out_features, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.linear(x.reshape(x.shape[0], self.tokens, -1)))
+        return self.head(h.flatten(1))
+
+
+# (in, out, positions, route): ghost norm when T (d + p) < d p, else materialized; one position: ||a||^2 ||g||^2.
+LINEARS = {"one_position": (6, 4, 1), "ghost": (16, 16, 2), "materialized": (2, 3, 5)}
+
+
+@pytest.mark.parametrize("name", list(LINEARS))
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("views", [1, 2])
+def test_each_linear_route_equals_the_vmap_engine(name, bias, views):
+    """Weight and bias norms of a linear layer on every route (the bias folded into the ghost norm's Gram matrix)."""
+    d, p, positions = LINEARS[name]
+    torch.manual_seed(0)
+    module = Wrapper(Tokens(nn.Linear(d, p, bias=bias), positions), views)
+    generator = torch.Generator().manual_seed(3)
+    inputs = (torch.randn(5, 1, positions, d, generator=generator), torch.randint(0, 3, (5,), generator=generator))
+    _assert_ghost_equals_vmap(module, inputs)
 
 
 @pytest.mark.parametrize("name", list(CONVS))

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from lightning_dprobust.core import per_sample
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.per_sample import (
     CLIPPING_RULES,
@@ -181,14 +182,29 @@ def test_noise_has_requested_std():
     assert gaussian_noise_like(grads, 0.0)["w"].abs().sum() == 0
 
 
+@pytest.mark.parametrize("bound", [4, 1 << 22])
 @pytest.mark.parametrize("std", [0.0, 0.7])
-def test_in_place_noise_draws_the_same_noise_as_gaussian_noise_like(std):
-    grads = {"a": torch.randn(3, 4), "b": torch.randn(5)}
+def test_in_place_noise_draws_the_same_noise_as_gaussian_noise_like(std, bound, monkeypatch):
+    monkeypatch.setattr(per_sample, "NOISE_DRAW_VALUES", bound)  # 4: some draws hold several gradients, some one
+    grads = {"a": torch.randn(3, 4), "b": torch.randn(2), "c": torch.randn(1), "d": torch.randn(5), "e": torch.randn(1)}
     noise = gaussian_noise_like(grads, std, torch.Generator().manual_seed(1))
     expected = {name: (g + noise[name]) * 0.25 for name, g in grads.items()}
     out = add_noise_and_scale_({k: g.clone() for k, g in grads.items()}, std, 0.25, torch.Generator().manual_seed(1))
     for name in grads:
         torch.testing.assert_close(out[name], expected[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bound", [3, 1 << 22])
+def test_noise_of_many_small_gradients_is_independent_with_the_requested_std(bound, monkeypatch):
+    """Grouped draws (one call for several gradients) give every value its own N(0, std^2) draw: no value is reused
+    across gradients or groups, and gradients of other dtypes get their own draws."""
+    monkeypatch.setattr(per_sample, "NOISE_DRAW_VALUES", bound)
+    grads = {f"p{i}": torch.zeros(3, dtype=torch.float64) for i in range(20_000)} | {"f": torch.zeros(3)}
+    out = add_noise_and_scale_(grads, 0.7, 1.0, torch.Generator().manual_seed(2))
+    values = torch.cat([g.double() for g in out.values()])  # float64 draws: a repeated value means a reused draw
+    assert values.std().item() == pytest.approx(0.7, rel=0.02)
+    assert values.unique().numel() == values.numel()
+    assert out["f"].dtype == torch.float32 and out["f"].abs().min() > 0
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])

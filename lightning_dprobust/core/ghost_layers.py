@@ -206,7 +206,8 @@ class LinearRule(LayerRule):
 def weight_sq_norms(a: Tensor, g: Tensor, with_bias: bool) -> Tensor:
     """``||G_i^T A_i||_F^2`` for each example (plus the bias's ``||G_i^T 1||^2`` when ``with_bias``): ghost norm when
     ``T (d + p) < d p``, else materialized. The bias is the weight of a constant input 1, so the ghost norm adds it
-    as ``<A A^T + 1 1^T, G G^T>`` and a single position as ``(||a||^2 + 1) ||g||^2``: one kernel, not three."""
+    as ``<A A^T + 1 1^T, G G^T>`` and a single position as ``(||a||^2 + 1) ||g||^2``: one kernel, not three. Kernel
+    launches were what a GPU step waited on (``benchmarks/dp_profile.py``)."""
     positions, d, p = a.shape[1], a.shape[2], g.shape[2]
     if positions == 1:
         return (squared_norms(a) + 1 if with_bias else squared_norms(a)) * squared_norms(g)
@@ -214,7 +215,8 @@ def weight_sq_norms(a: Tensor, g: Tensor, with_bias: bool) -> Tensor:
         gram = torch.bmm(a, a.transpose(1, 2))
         if with_bias:
             gram += 1
-        return (gram * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
+        products = torch.bmm(gram.view(a.shape[0], 1, -1), torch.bmm(g, g.transpose(1, 2)).view(a.shape[0], -1, 1))
+        return products.view(a.shape[0])  # <gram_a, gram_g> per example by one batched product, not a product + sum
     total = squared_norms(torch.bmm(g.transpose(1, 2), a))
     return total + g.sum(dim=1).square().sum(dim=1) if with_bias else total
 

@@ -189,14 +189,19 @@ def _worker(case: str, mode: str, device: str, connection) -> None:
         connection.send({"ok": False, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"})
         return
     while (steps := connection.recv()) is not None:
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        connection.send({"times": times, "peak": _memory_mb(device)})
+        connection.send({"times": timed_steps(step, steps, device), "peak": _memory_mb(device)})
+
+
+def timed_steps(step, steps: int, device: str) -> list[float]:
+    """Wall-clock seconds of each of ``steps`` calls of ``step`` (on CUDA, each until its kernels have finished)."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def _receive(process, pipe) -> dict:

@@ -17,7 +17,6 @@ import argparse
 import multiprocessing as mp
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,7 +32,7 @@ def _worker(package_root: str, case: str, mode: str, device: str, connection) ->
     import warnings
 
     warnings.filterwarnings("ignore")
-    from dp_overhead import build_step
+    from dp_overhead import build_step, timed_steps
 
     import lightning_dprobust
 
@@ -42,14 +41,7 @@ def _worker(package_root: str, case: str, mode: str, device: str, connection) ->
         step()
     connection.send(lightning_dprobust.__file__)
     while (steps := connection.recv()) is not None:
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        connection.send(statistics.median(times))
+        connection.send(statistics.median(timed_steps(step, steps, device)))
 
 
 def _spread(ratios: list[float]) -> str:

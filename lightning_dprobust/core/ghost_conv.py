@@ -180,8 +180,10 @@ class Conv2dRule(LinearRule):
         out = {}
         mask = ("weight" in self.names, "bias" in self.names)
         for call in self.calls:
-            rows, views = factors.to(call.grad.dtype), call.grad.shape[0] // factors.shape[0]
-            scaled = call.grad * (rows if views == 1 else rows.repeat_interleave(views))[:, None, None, None]
+            # each example's rows (its views) scaled by its factor: a broadcast, one kernel whatever the view count
+            scaled = (group_rows(call.grad, factors.shape[0]) * factors.to(call.grad.dtype).view(-1, 1, 1, 1, 1)).view(
+                call.grad.shape
+            )
             if _sums_by_product(call):
                 weight, bias = self._product_sum(scaled, call.inputs, mask)
             else:

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
 from lightning_dprobust.core.ghost_conv import Conv2dRule
-from lightning_dprobust.core.ghost_graph import executed_nodes, sequence_marker, stray_rules
+from lightning_dprobust.core.ghost_graph import reaches, sequence_marker, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
     LayerRule,
@@ -160,25 +160,18 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
     return [(rule.module, True, lambda *_: _mark(rule)), (rule.module, False, capture_call)]
 
 
-def _runs_no_layer(node: object) -> bool:
-    """Whether an output node only feeds leaves (the first layer's: its input needs no gradient), so that a backward
-    asked for gradients at layer outputs never runs it (:func:`executed_nodes` would say so after a graph walk)."""
-    return all(child is None or hasattr(child, "variable") for child, _ in node.next_functions)
-
-
-def streamed_rules(losses: Tensor, rules: list[LayerRule], examples: int) -> list[LayerRule]:
-    """The rules that prefer streaming and whose every call's output node the backward runs (a hook on a node that
-    only has its gradient recorded, e.g. the first layer's, would never fire: such rules keep their captures)."""
-    candidates = [
-        rule
-        for rule in rules
-        if rule.calls and rule.prefers_streaming(examples) and not any(_runs_no_layer(c.edge.node) for c in rule.calls)
-    ]
-    if not candidates:  # e.g. the first layer alone: no graph walk
+def streamed_rules(rules: list[LayerRule], examples: int) -> list[LayerRule]:
+    """The rules that prefer streaming and whose every call's output node the backward runs: a hook on a node that
+    only has its gradient recorded (e.g. the first layer's: nothing below it needs a gradient) would never fire, so
+    such rules keep their captures. The backward asks for the other rules' output gradients; it runs a node when a
+    path leads from it to one of theirs (:func:`reaches`)."""
+    candidates = [rule for rule in rules if rule.calls and rule.prefers_streaming(examples)]
+    if not candidates:
         return []
-    kept = {call.edge.node for rule in rules if all(rule is not c for c in candidates) for call in rule.calls}
-    executed = executed_nodes(losses, kept)
-    return [rule for rule in candidates if all(call.edge.node in executed for call in rule.calls)]
+    chosen = {id(rule) for rule in candidates}
+    kept = {call.edge.node for rule in rules if id(rule) not in chosen for call in rule.calls}
+    dead_ends: set = set()
+    return [rule for rule in candidates if all(reaches(call.edge.node, kept, dead_ends) for call in rule.calls)]
 
 
 @contextlib.contextmanager
@@ -208,14 +201,12 @@ def _without_onednn():
 
 
 @contextlib.contextmanager
-def _float32_arithmetic(device_type: str):
-    """Autocast (mixed precision) on ``device_type`` and TF32 (cuDNN convolutions, CUDA matrix products) off inside
-    the block, restored after."""
+def _float32_products():
+    """TF32 (cuDNN convolutions, CUDA matrix products) off inside the block, restored after."""
     previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        with torch.autocast(device_type, enabled=False):
-            yield
+        yield
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
 
@@ -231,12 +222,16 @@ class GhostClipper:
         parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
             argument of that name; layers owning none of them are not captured, gradients flow through them.
 
-    Each call runs in float32: autocast off (``Trainer(precision="bf16-mixed")``) and TF32 off (CUDA), both restored
-    after. An example's norm and its share of the clipped sum come from different products (a Gram product or a
-    materialized gradient, then a reweighted product); bf16 rounds the factors of each to 8 mantissa bits and TF32 to
-    10, so the norm could miss the share's by 0.1 to 1 % and the share exceed ``max_grad_norm`` by as much (under
-    ``bf16-mixed`` the first-step check saw norms 0.2 to 0.4 % apart). In float32 they agree to rounding. The vmap
-    engine keeps autocast: its norms and its sum come from the same per-example gradients.
+    Each call runs with autocast off (``Trainer(precision="bf16-mixed")``), and the products that form the norms and
+    the clipped sum with TF32 off (CUDA); both restored after. An example's norm and its share of the clipped sum come
+    from different products (a Gram product or a materialized gradient, then a reweighted product); bf16 rounds the
+    factors of each to 8 mantissa bits and TF32 to 10, so the norm could miss the share's by 0.1 to 1 % and the share
+    exceed ``max_grad_norm`` by as much (under ``bf16-mixed`` the first-step check saw norms 0.2 to 0.4 % apart). In
+    float32 they agree to rounding. The forward and the backward to the layer outputs keep the caller's TF32 setting
+    (cuDNN's default is on, as in non-private training): they form the activations and output gradients that both the
+    norm and the share are computed from, so their rounding changes what an example's gradient is, not whether its
+    norm is its share's. The first-step check runs with TF32 off throughout, as the vmap engine it compares with.
+    The vmap engine keeps autocast: its norms and its sum come from the same per-example gradients.
     """
 
     def __init__(
@@ -303,7 +298,7 @@ class GhostClipper:
 
     def __call__(self, batch: tuple[Tensor, ...]) -> ClippedSum:
         """Clipped per-example gradient sum of ``batch`` (a tuple of tensors sharing the leading batch dim)."""
-        with _float32_arithmetic(batch[0].device.type):
+        with torch.autocast(batch[0].device.type, enabled=False):
             return self._clipped_sum(batch)
 
     def _clipped_sum(self, batch: tuple[Tensor, ...]) -> ClippedSum:
@@ -338,8 +333,12 @@ class GhostClipper:
         """Norms, losses and clipped sums of one chunk. The per-example gradients of the layers that keep them and of
         the vmap fallback are one ``[B, P]`` matrix (:func:`example_rows`): one norm and one weighted sum for all of
         them (ResNet-18: 40 GroupNorm tensors and the stem), the other rules give their own norms and sums."""
+        losses = self._output_gradients(part)  # the caller's TF32 setting
+        with _float32_products():
+            return self._norms_and_sums(part, losses)
+
+    def _norms_and_sums(self, part: tuple[Tensor, ...], losses: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         examples = part[0].shape[0]
-        losses = self._output_gradients(part)
         called = [rule for rule in self.rules if rule.calls]  # a layer the forward did not use has zero gradient
         kept = [rule for rule in called if rule.keeps_per_example(examples)]
         summed = [rule for rule in called if not rule.keeps_per_example(examples)]
@@ -378,8 +377,9 @@ class GhostClipper:
         stray = stray_rules(losses, self.rules)
         if stray:
             self._to_fallback(stray)
-        streamed = streamed_rules(losses, self.rules, examples)
-        calls = [call for rule in self.rules if all(rule is not s for s in streamed) for call in rule.calls]
+        streamed = streamed_rules(self.rules, examples)
+        chosen = {id(rule) for rule in streamed}
+        calls = [call for rule in self.rules if id(rule) not in chosen for call in rule.calls]
         with _stream_hooks(streamed, examples):
             grads = torch.autograd.grad(losses.sum(), [call.edge for call in calls], allow_unused=True) if calls else []
         for call, grad in zip(calls, grads, strict=True):
@@ -411,7 +411,7 @@ class GhostClipper:
         modes = {m: m.training for m in self.module.modules()}
         self.module.eval()
         try:
-            with _without_onednn():
+            with _without_onednn(), _float32_products():
                 ours = self._clipped_part(part)[0]
                 reference = [self._reference_norm(tuple(t[i : i + 1] for t in part)) for i in range(len(ours))]
             reference = torch.cat(reference)

@@ -26,9 +26,9 @@ from torch import Tensor
 
 
 def sequence_marker() -> int:
-    """An autograd sequence number greater than every node created so far (a fresh node's, or -1 without grad)."""
-    node = torch.empty(0, requires_grad=True).view(0).grad_fn
-    return node._sequence_nr() if node is not None else -1
+    """The greatest autograd sequence number given so far on this thread: every node created after this call has a
+    greater one (autograd numbers its nodes from one per-thread counter; this reads it, creating no node)."""
+    return torch.autograd._get_sequence_nr() - 1
 
 
 def _entries(rules: Sequence) -> dict[tuple[object, int], tuple[object, object]]:
@@ -71,21 +71,22 @@ def stray_rules(losses: Tensor, rules: Sequence) -> list:
     return list(stray.values())
 
 
-def executed_nodes(losses: Tensor, captured: set) -> set:
-    """The nodes of ``losses``' graph that ``torch.autograd.grad`` runs when asked for gradients at edges of the
-    ``captured`` nodes: those with a path to a captured node (the engine's "needed" nodes; a captured node with no
-    such path only has its incoming gradient recorded, it is not run). The graph is a DAG, so one post-order walk
-    with memoization decides every node."""
-    needed: dict[object, bool] = {}
-    root = losses.grad_fn
-    stack: list[tuple[object, bool]] = [(root, False)] if root is not None else []
+def reaches(node: object, targets: set, dead_ends: set) -> bool:
+    """Whether a path leads from ``node`` down its ``next_functions`` to one of the ``targets`` nodes (``node``
+    itself not counted). Of the nodes of the losses' graph, ``torch.autograd.grad`` asked for the gradients at edges
+    of ``targets`` runs exactly those that reach one (a target that reaches none only has its incoming gradient
+    recorded, it is not run). The walk stops at the first target found, so a layer's output node, whose input
+    usually comes from a target a node or two below, costs a few steps, not a graph walk. ``dead_ends`` collects the
+    nodes proven to reach none (every node of a walk that found none); sharing it between calls, no node is walked
+    twice in vain."""
+    stack, seen = [node], set()
     while stack:
-        node, expanded = stack.pop()
-        children = [child for child, _ in node.next_functions if child is not None]
-        if expanded:
-            needed[node] = any(child in captured or needed[child] for child in children)
-        elif node not in needed:
-            needed[node] = False  # a placeholder until its children are decided (no cycles: never read before)
-            stack.append((node, True))
-            stack.extend((child, False) for child in children if child not in needed)
-    return {node for node, is_needed in needed.items() if is_needed}
+        for child, _ in stack.pop().next_functions:
+            if child is None or child in seen or child in dead_ends:
+                continue
+            if child in targets:
+                return True
+            seen.add(child)
+            stack.append(child)
+    dead_ends |= seen
+    return False

@@ -19,6 +19,8 @@ normalizes the channel dim of ``NCHW``) keep the generic rule.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -49,15 +51,20 @@ class NormRule(MaterializedRule):
     def supports(module: nn.Module) -> bool:
         return norm_kind(module) is not None
 
+    @cached_property
+    def kind(self) -> str:
+        """``"group"`` or ``"layer"`` (:func:`norm_kind`, read once: it runs for every call of the layer)."""
+        return norm_kind(self.module)
+
     def _normalized(self, inputs: Tensor) -> Tensor:
         norm = self.module
-        if norm_kind(norm) == "group":
+        if self.kind == "group":
             return F.group_norm(inputs, norm.num_groups, eps=norm.eps)
         return F.layer_norm(inputs, norm.normalized_shape, eps=norm.eps)
 
     def _position_dims(self, rows: Tensor) -> tuple[int, ...]:
         """The dims of ``[B, k, ...]`` grouped rows that the affine parameters broadcast over (``k`` included)."""
-        if norm_kind(self.module) == "group":
+        if self.kind == "group":
             return (1, *range(3, rows.dim()))
         return tuple(range(1, rows.dim() - len(self.module.normalized_shape)))
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
+from lightning_dprobust.core.ghost_graph import sequence_marker
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 
@@ -143,3 +144,15 @@ def test_auto_uses_vmap_alone_after_a_stray_parameter_and_stays_exact(on_mismatc
     torch.testing.assert_close(actual.norms, expected.norms, rtol=1e-7, atol=1e-10)
     for name, grad in expected.grads.items():
         assert (actual.grads[name] - grad).norm() <= 1e-7 * grad.norm().clamp_min(1e-12), name
+
+
+def test_the_sequence_marker_separates_the_nodes_created_before_it_from_those_after():
+    """A call's nodes are those numbered in ``(start marker, output node]``: every node created before the marker is
+    numbered at most the marker, every node after it above, and taking the marker creates no node."""
+    a = torch.ones(3, requires_grad=True)
+    before = (a * 2).grad_fn
+    marker = sequence_marker()
+    assert sequence_marker() == marker
+    after = (a + 1).exp().grad_fn
+    first = after.next_functions[0][0]  # the AddBackward of (a + 1)
+    assert before._sequence_nr() <= marker < first._sequence_nr() < after._sequence_nr()

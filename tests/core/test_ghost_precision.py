@@ -23,35 +23,51 @@ def build(model: str, shape: tuple[int, ...]) -> DPSGD:
     return DPSGD(model=model, num_classes=10, input_shape=shape)
 
 
-def test_every_call_runs_in_float32_and_restores_the_flags():
-    """bf16 autocast and TF32 would round the norm's and the sum's factors differently: both off in every call, the
-    first step's check included, and restored after, also when the call raises."""
+def flags() -> tuple[bool, bool, bool]:
+    """``(cpu autocast on, cuDNN TF32 on, CUDA matmul TF32 on)``."""
+    return torch.is_autocast_enabled("cpu"), torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+
+
+def test_autocast_is_off_in_every_call_tf32_in_the_products_and_the_flags_are_restored():
+    """bf16 autocast and TF32 would round the norm's and the sum's factors differently. Autocast is off in every call;
+    TF32 is off in the products that form the norms and the clipped sums (every rule's ``sq_norms`` and
+    ``clipped_sum``) and throughout the first step's check, while the training steps' forward and backward keep the
+    caller's TF32 setting; all flags are restored after, also when the call raises."""
     module = build("cnn_tanh", (1, 8, 8))
     ghost = GhostClipper(module, "per_example_loss", 1.0)
-    seen = []
+    forwards, products = [], []
     original = module.per_example_loss
 
-    def spy(x, y):
-        seen.append(
-            (torch.is_autocast_enabled("cpu"), torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-        )
+    def spy_loss(x, y):
+        forwards.append((x.shape[0], flags()))
         if x.shape[0] == 4:
             raise ValueError("planted")
         return original(x, y)
 
-    module.per_example_loss = spy
+    def spy(method):
+        def wrapped(*args):
+            products.append(flags())
+            return method(*args)
+
+        return wrapped
+
+    module.per_example_loss = spy_loss
+    for rule in ghost.rules:
+        rule.sq_norms, rule.clipped_sum = spy(rule.sq_norms), spy(rule.clipped_sum)
     previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             ghost(batch((1, 8, 8), size=5))
             ghost(batch((1, 8, 8), size=6))
-            assert seen and set(seen) == {(False, False, False)}
-            assert torch.is_autocast_enabled("cpu")
-            assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+            checked = {f for size, f in forwards if size <= 3}  # the first step's check: 3 examples, then each alone
+            trained = {f for size, f in forwards if size > 3}
+            assert checked == {(False, False, False)} and trained == {(False, True, True)}
+            assert products and set(products) == {(False, False, False)}
+            assert flags() == (True, True, True)
             with pytest.raises(ValueError, match="planted"):
                 ghost(batch((1, 8, 8), size=4))
-            assert torch.is_autocast_enabled("cpu")
+            assert flags() == (True, True, True)
         assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous

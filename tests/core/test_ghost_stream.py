@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dprobust.core.ghost import GhostClipper, _runs_no_layer, streamed_rules
-from lightning_dprobust.core.ghost_graph import executed_nodes
+from lightning_dprobust.core.ghost import GhostClipper, streamed_rules
+from lightning_dprobust.core.ghost_graph import reaches
 from lightning_dprobust.core.ghost_layers import MaterializedRule, TokenRule
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.per_sample import PerExampleClipper
@@ -85,8 +85,8 @@ def test_norm_layers_and_tokens_of_registry_models_stream(model, shape, kwargs):
     for rule in ghost.rules:
         rule.reset()
     with ghost._hooks():
-        losses = module.per_example_loss(*inputs)
-    streamed = streamed_rules(losses, ghost.rules, 3)
+        module.per_example_loss(*inputs)
+    streamed = streamed_rules(ghost.rules, 3)
     kinds = {type(rule) for rule in streamed}
     assert NormRule in kinds and kinds <= {NormRule, TokenRule}
     if "vit" in model:
@@ -94,29 +94,33 @@ def test_norm_layers_and_tokens_of_registry_models_stream(model, shape, kwargs):
 
 
 @pytest.mark.parametrize("model", [NormNet, "timm/resnet18"])
-def test_executed_nodes_are_the_nodes_the_backward_runs(model):
-    """Pre-hooks on every node of the graph fire exactly on the nodes ``executed_nodes`` names."""
+def test_the_nodes_that_reach_a_kept_output_are_the_nodes_the_backward_runs(model):
+    """Pre-hooks on every node of the graph fire exactly on the nodes from which :func:`reaches` finds a path to a
+    kept layer's output node, whether its ``dead_ends`` are shared between the nodes (in either order) or not."""
     shape = (1, 8, 8) if model is NormNet else (3, 8, 8)
     module = build(model() if model is NormNet else model, shape)
     ghost = GhostClipper(module, "per_example_loss", 1.0)
     with ghost._hooks():
         losses = module.per_example_loss(*batch(shape, size=2))
     kept = [call.edge for rule in ghost.rules if not isinstance(rule, MaterializedRule) for call in rule.calls]
-    nodes, stack = set(), [losses.grad_fn]
+    nodes, stack = [], [losses.grad_fn]
     while stack:
         node = stack.pop()
         if node not in nodes:
-            nodes.add(node)
+            nodes.append(node)
             stack.extend(child for child, _ in node.next_functions if child is not None)
     fired = set()
     handles = [node.register_prehook(lambda grads, node=node: fired.add(node)) for node in nodes]
     torch.autograd.grad(losses.sum(), kept, allow_unused=True)
     for handle in handles:
         handle.remove()
-    expected = executed_nodes(losses, {edge.node for edge in kept})
-    assert fired == expected and len(expected) < len(nodes)
-    leaf_fed = {node for node in nodes if _runs_no_layer(node)}  # streamed_rules' shortcut, without a walk
-    assert leaf_fed and not leaf_fed & fired
+    targets = {edge.node for edge in kept}
+    for order in (nodes, nodes[::-1]):
+        shared: set = set()
+        assert {node for node in order if reaches(node, targets, shared)} == fired
+        assert {node for node in order if reaches(node, targets, set())} == fired
+    leaf_fed = [node for node in nodes if all(c is None or hasattr(c, "variable") for c, _ in node.next_functions)]
+    assert leaf_fed and len(fired) < len(nodes) and not set(leaf_fed) & fired
 
 
 def test_first_step_check_differentiates_one_example_at_a_time():

@@ -113,7 +113,7 @@ class Conv2dRule(LinearRule):
         conv = self.module
         if "weight" not in self.names:
             return True  # bias only: its per-example gradient is a sum of output gradients
-        d, p = conv.weight[0].numel(), conv.out_channels
+        d, p = math.prod(conv.weight.shape[1:]), conv.out_channels
         positions = sum(math.prod(call.shape[2:]) * (call.shape[0] // max(examples, 1)) for call in self.calls)
         return positions * (d + p) >= d * p
 
@@ -139,7 +139,7 @@ class Conv2dRule(LinearRule):
         per_example = sum(p.numel() for p in self.tensors().values())
         if "weight" in self.names:  # and the example's unfolded patches
             positions = sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True))
-            per_example += positions * self.module.weight[0].numel()
+            per_example += positions * math.prod(self.module.weight.shape[1:])
         largest = max(1, CPU_CHUNK_VALUES // per_example) if calls[0][0].device.type == "cpu" else examples
         size = math.ceil(examples / math.ceil(examples / largest))  # chunks of equal size
         for start in range(0, examples, size):

@@ -160,13 +160,23 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
     return [(rule.module, True, lambda *_: _mark(rule)), (rule.module, False, capture_call)]
 
 
+def _runs_no_layer(node: object) -> bool:
+    """Whether an output node only feeds leaves (the first layer's: its input needs no gradient), so that a backward
+    asked for gradients at layer outputs never runs it."""
+    return all(child is None or hasattr(child, "variable") for child, _ in node.next_functions)
+
+
 def streamed_rules(rules: list[LayerRule], examples: int) -> list[LayerRule]:
     """The rules that prefer streaming and whose every call's output node the backward runs: a hook on a node that
-    only has its gradient recorded (e.g. the first layer's: nothing below it needs a gradient) would never fire, so
-    such rules keep their captures. The backward asks for the other rules' output gradients; it runs a node when a
-    path leads from it to one of theirs (:func:`reaches`)."""
-    candidates = [rule for rule in rules if rule.calls and rule.prefers_streaming(examples)]
-    if not candidates:
+    only has its gradient recorded would never fire, so such rules keep their captures. The backward asks for the
+    output gradients of the other rules (the first layer's among them, whose node only feeds leaves); it runs a node
+    when a path leads from it to one of theirs (:func:`reaches`)."""
+    candidates = [
+        rule
+        for rule in rules
+        if rule.calls and rule.prefers_streaming(examples) and not any(_runs_no_layer(c.edge.node) for c in rule.calls)
+    ]
+    if not candidates:  # e.g. the first layer alone
         return []
     chosen = {id(rule) for rule in candidates}
     kept = {call.edge.node for rule in rules if id(rule) not in chosen for call in rule.calls}

@@ -27,7 +27,7 @@ Memory, each measure divided by non-private's for its ratio:
   holds (it varies with the order of allocations, not only with their sizes), and it counts library code.
 
 Usage: ``python benchmarks/dp_overhead.py [--cases cnn_tanh/b256 ...] [--rounds 5] [--steps 3] [--device cpu]``
-(``--cases`` defaults to ``DEFAULT_CASES``; the batch-256 ResNet and ViT cases are for GPUs).
+(``--cases`` defaults to ``DEFAULT_CASES``; the batch-256 and 224x224 ResNet and ViT cases are for GPUs).
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ CASES = {
     # GPU: at batch 64 these models' steps are bound by kernel launches; larger batches show the arithmetic's cost
     "resnet18/b256": ("timm/resnet18", (3, 32, 32), 256, {}),
     "vit_tiny/b256": ("timm/vit_tiny_patch16_224", (3, 32, 32), 256, {"img_size": 32, "patch_size": 4}),
+    # GPU: the models' own 224x224 images, where a step is bound by arithmetic rather than launches
+    "resnet18_224/b64": ("timm/resnet18", (3, 224, 224), 64, {}),
+    "vit_tiny_224/b64": ("timm/vit_tiny_patch16_224", (3, 224, 224), 64, {}),
 }
 DEFAULT_CASES = ("cnn_tanh/b64", "cnn_tanh/b256", "cnn_tanh/b1024", "resnet18/b64", "vit_tiny/b64")
 MODES = ("non-DP", "ghost", "vmap", "Opacus ew", "Opacus ghost")

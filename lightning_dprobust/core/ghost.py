@@ -62,6 +62,7 @@ from lightning_dprobust.core.per_sample import (
     ClippedSum,
     PerExampleClipper,
     clip_factors,
+    float32_products,
     per_example_norms,
 )
 
@@ -210,17 +211,6 @@ def _without_onednn():
         torch.backends.mkldnn.enabled = previous
 
 
-@contextlib.contextmanager
-def _float32_products():
-    """TF32 (cuDNN convolutions, CUDA matrix products) off inside the block, restored after."""
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
-
-
 class GhostClipper:
     """Per-example clipped gradient sum by per-layer rules (ghost norm / materialization) and book-keeping.
 
@@ -344,7 +334,7 @@ class GhostClipper:
         the vmap fallback are one ``[B, P]`` matrix (:func:`example_rows`): one norm and one weighted sum for all of
         them (ResNet-18: 40 GroupNorm tensors and the stem), the other rules give their own norms and sums."""
         losses = self._output_gradients(part)  # the caller's TF32 setting
-        with _float32_products():
+        with float32_products():
             return self._norms_and_sums(part, losses)
 
     def _norms_and_sums(self, part: tuple[Tensor, ...], losses: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -421,7 +411,7 @@ class GhostClipper:
         modes = {m: m.training for m in self.module.modules()}
         self.module.eval()
         try:
-            with _without_onednn(), _float32_products():
+            with _without_onednn(), float32_products():
                 ours = self._clipped_part(part)[0]
                 reference = [self._reference_norm(tuple(t[i : i + 1] for t in part)) for i in range(len(ours))]
             reference = torch.cat(reference)

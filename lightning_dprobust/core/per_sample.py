@@ -18,6 +18,7 @@ them, so the per-example gradient is the mean of the views' gradients *before* c
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -164,11 +165,26 @@ class PerExampleClipper:
             grads, part_losses = self._per_example_grad(params, part)
             part_norms = per_example_norms(grads)
             factors = clip_factors(part_norms, self.max_grad_norm, self.clipping)
-            for name, g in grads.items():
-                sums[name] += torch.einsum("b,b...->...", factors, g)
+            with float32_products():
+                for name, g in grads.items():
+                    sums[name] += torch.einsum("b,b...->...", factors, g)
             norms.append(part_norms)
             losses.append(part_losses)
         return ClippedSum(sums, torch.cat(norms), torch.cat(losses))
+
+
+@contextlib.contextmanager
+def float32_products():
+    """TF32 (cuDNN convolutions, CUDA matrix products) off inside the block, restored after. A product that weights
+    per-example gradients by their clip factors must not round them: TF32 keeps 10 mantissa bits, so a share could
+    exceed the clip by about 0.05 % (``torch.backends.cuda.matmul.allow_tf32`` is off by default, but a caller may
+    turn it on)."""
+    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def per_example_norms(grads: Mapping[str, Tensor]) -> Tensor:

@@ -73,6 +73,32 @@ def test_autocast_is_off_in_every_call_tf32_in_the_products_and_the_flags_are_re
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+@pytest.mark.parametrize("as_ghost_fallback", [False, True])
+def test_the_vmap_engines_weighted_sum_runs_without_tf32(monkeypatch, as_ghost_fallback):
+    """The vmap engine's clipped sum (an einsum of the clip factors and the per-example gradients), alone or as the
+    ghost engine's fallback, runs with TF32 off even when the caller turned it on, and the flags are restored."""
+    module = build("cnn_tanh", (1, 8, 8))
+    clipper = PerExampleClipper(module, "per_example_loss", 1.0)
+    if as_ghost_fallback:
+        clipper = GhostClipper(module, "per_example_loss", 1.0)
+        clipper._verified = clipper._use_reference = True
+    seen, einsum = [], torch.einsum
+
+    def spy(*args):
+        seen.append(flags()[1:])
+        return einsum(*args)
+
+    monkeypatch.setattr(torch, "einsum", spy)
+    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        clipper(batch((1, 8, 8), size=5))
+        assert seen and set(seen) == {(False, False)}
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 @pytest.mark.parametrize("engine", [GhostClipper, PerExampleClipper])
 def test_under_bf16_autocast_each_examples_clipped_gradient_stays_within_the_clip(engine):
     """``Trainer(precision="bf16-mixed")``: a one-example batch's clipped sum is that example's share; its norm stays

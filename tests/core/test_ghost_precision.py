@@ -28,6 +28,7 @@ def flags() -> tuple[bool, bool, bool]:
     return torch.is_autocast_enabled("cpu"), torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
 
 
+@pytest.mark.usefixtures("tf32_on")
 def test_autocast_is_off_in_every_call_tf32_in_the_products_and_the_flags_are_restored():
     """bf16 autocast and TF32 would round the norm's and the sum's factors differently. Autocast is off in every call;
     TF32 is off in the products that form the norms and the clipped sums (every rule's ``sq_norms`` and
@@ -54,25 +55,21 @@ def test_autocast_is_off_in_every_call_tf32_in_the_products_and_the_flags_are_re
     module.per_example_loss = spy_loss
     for rule in ghost.rules:
         rule.sq_norms, rule.clipped_sum = spy(rule.sq_norms), spy(rule.clipped_sum)
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            ghost(batch((1, 8, 8), size=5))
-            ghost(batch((1, 8, 8), size=6))
-            checked = {f for size, f in forwards if size <= 3}  # the first step's check: 3 examples, then each alone
-            trained = {f for size, f in forwards if size > 3}
-            assert checked == {(False, False, False)} and trained == {(False, True, True)}
-            assert products and set(products) == {(False, False, False)}
-            assert flags() == (True, True, True)
-            with pytest.raises(ValueError, match="planted"):
-                ghost(batch((1, 8, 8), size=4))
-            assert flags() == (True, True, True)
-        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ghost(batch((1, 8, 8), size=5))
+        ghost(batch((1, 8, 8), size=6))
+        checked = {f for size, f in forwards if size <= 3}  # the first step's check: 3 examples, then each alone
+        trained = {f for size, f in forwards if size > 3}
+        assert checked == {(False, False, False)} and trained == {(False, True, True)}
+        assert products and set(products) == {(False, False, False)}
+        assert flags() == (True, True, True)
+        with pytest.raises(ValueError, match="planted"):
+            ghost(batch((1, 8, 8), size=4))
+        assert flags() == (True, True, True)
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
 
 
+@pytest.mark.usefixtures("tf32_on")
 @pytest.mark.parametrize("as_ghost_fallback", [False, True])
 def test_the_vmap_engines_weighted_sum_runs_without_tf32(monkeypatch, as_ghost_fallback):
     """The vmap engine's clipped sum (an einsum of the clip factors and the per-example gradients), alone or as the
@@ -89,14 +86,9 @@ def test_the_vmap_engines_weighted_sum_runs_without_tf32(monkeypatch, as_ghost_f
         return einsum(*args)
 
     monkeypatch.setattr(torch, "einsum", spy)
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        clipper(batch((1, 8, 8), size=5))
-        assert seen and set(seen) == {(False, False)}
-        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+    clipper(batch((1, 8, 8), size=5))
+    assert seen and set(seen) == {(False, False)}
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
 
 
 @pytest.mark.parametrize("engine", [GhostClipper, PerExampleClipper])

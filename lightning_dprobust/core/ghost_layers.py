@@ -203,6 +203,16 @@ class LinearRule(LayerRule):
         return out
 
 
+def frobenius_products(x: Tensor, y: Tensor) -> Tensor:
+    """``[B]``: ``<x_i, y_i>`` of each example's ``[T, T]`` matrices. On a GPU one batched product of ``1 x T^2`` by
+    ``T^2 x 1`` matrices (one kernel: launches were what a GPU step waited on, ``benchmarks/dp_profile.py``); on CPU an
+    elementwise product and a sum, as the batched product of such thin matrices is slow there (``cnn_tanh``'s second
+    layer at batch 64, one thread: 0.12 against 0.012 ms)."""
+    if x.device.type == "cpu":
+        return (x * y).sum(dim=(1, 2))
+    return torch.bmm(x.view(x.shape[0], 1, -1), y.view(y.shape[0], -1, 1)).view(x.shape[0])
+
+
 def weight_sq_norms(a: Tensor, g: Tensor, with_bias: bool) -> Tensor:
     """``||G_i^T A_i||_F^2`` for each example (plus the bias's ``||G_i^T 1||^2`` when ``with_bias``): ghost norm when
     ``T (d + p) < d p``, else materialized. The bias is the weight of a constant input 1, so the ghost norm adds it
@@ -215,8 +225,7 @@ def weight_sq_norms(a: Tensor, g: Tensor, with_bias: bool) -> Tensor:
         gram = torch.bmm(a, a.transpose(1, 2))
         if with_bias:
             gram += 1
-        products = torch.bmm(gram.view(a.shape[0], 1, -1), torch.bmm(g, g.transpose(1, 2)).view(a.shape[0], -1, 1))
-        return products.view(a.shape[0])  # <gram_a, gram_g> per example by one batched product, not a product + sum
+        return frobenius_products(gram, torch.bmm(g, g.transpose(1, 2)))
     total = squared_norms(torch.bmm(g.transpose(1, 2), a))
     return total + g.sum(dim=1).square().sum(dim=1) if with_bias else total
 

@@ -12,7 +12,13 @@ from lightning_dprobust import models
 from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
-from lightning_dprobust.core.ghost_layers import MaterializedRule, example_rows, split_rows, squared_norms
+from lightning_dprobust.core.ghost_layers import (
+    MaterializedRule,
+    example_rows,
+    frobenius_products,
+    split_rows,
+    squared_norms,
+)
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 
@@ -94,6 +100,19 @@ def test_per_example_helpers_read_any_layout(shape):
     for name, g in grads.items():
         assert totals[name].shape == g.shape[1:] and totals[name].dtype == g.dtype
         torch.testing.assert_close(totals[name], torch.einsum("b,b...->...", weights, g.contiguous()))
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_frobenius_products_are_each_examples_inner_product(device):
+    """The ghost norm's ``<A A^T, G G^T>`` per example: each device's route (CPU: product and sum; CUDA: one batched
+    product) gives every example's own inner product, never another example's."""
+    generator = torch.Generator().manual_seed(6)
+    x, y = (torch.randn(4, 7, 7, generator=generator, dtype=torch.float64) for _ in range(2))
+    expected = torch.stack([(x[i] * y[i]).sum() for i in range(4)])
+    torch.testing.assert_close(frobenius_products(x.to(device), y.to(device)).cpu(), expected, rtol=1e-12, atol=0)
 
 
 class Convs(nn.Module):

@@ -102,7 +102,8 @@ def test_per_example_helpers_read_any_layout(shape):
         torch.testing.assert_close(totals[name], torch.einsum("b,b...->...", weights, g.contiguous()))
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+NEEDS_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+DEVICES = ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

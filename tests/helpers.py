@@ -177,3 +177,16 @@ def load_benchmark(script: str) -> ModuleType:
     finally:
         sys.path.remove(str(folder))
     return module
+
+
+def seeded_by_32_bits(generator: torch.Generator) -> bool:
+    """Whether a fresh CPU generator's Mersenne Twister state is the initialization of a 32-bit seed, i.e. one of the
+    2^32 states ``manual_seed`` can give (each word follows from the previous one; the first is the seed's low 32
+    bits). Read independently of the library: the 624 words sit at byte 24 of ``get_state()``, 8 bytes each."""
+    words = generator.get_state()[24 : 24 + 8 * 624].view(torch.int64).tolist()
+    expected = words[0]
+    for index in range(1, 624):
+        expected = (1812433253 * (expected ^ (expected >> 30)) + index) & 0xFFFFFFFF
+        if words[index] != expected:
+            return False
+    return True

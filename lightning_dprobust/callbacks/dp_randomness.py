@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_dprobust.core.sampling import derive_seed
+from lightning_dprobust.core.sampling import derive_seed, keyed_generator
 
 SECRET_BITS = 128
 
@@ -27,7 +27,8 @@ class DPRandomness:
     Secret mode (``seed=None``, the default): each ``fit`` draws a fresh ``SECRET_BITS``-bit root from the operating
     system (:mod:`secrets`); under DDP rank 0's root is broadcast so that all ranks draw one global mask per step. The
     mask of step ``s`` of epoch ``e`` is seeded by ``(root, fit, e, s)`` and the noise of the ``k``-th private step by
-    ``(root, k)`` (:func:`~lightning_dprobust.core.sampling.derive_seed`). The root is never written anywhere: not
+    ``(root, k)`` (:func:`~lightning_dprobust.core.sampling.keyed_generator`: on CPU the generator's whole state is
+    derived from the keys, since a ``manual_seed`` keeps only 32 bits there). The root is never written anywhere: not
     into checkpoints, logs or released weights. A resumed or repeated ``fit`` therefore draws fresh masks and noise.
     This is deliberate: a checkpoint holding the generator state would let whoever reads it regenerate the noise of
     every step taken (Mersenne Twister and Philox states can be run backwards), subtract it from consecutive
@@ -85,9 +86,7 @@ class DPRandomness:
 
     def noise_generator(self, step: int, device: torch.device) -> torch.Generator:
         """A generator on ``device`` for the noise of the ``step``-th private step (counted over the whole ledger)."""
-        generator = torch.Generator(device=device)
-        generator.manual_seed(derive_seed(self._require_root(), "noise", step))
-        return generator
+        return keyed_generator(device, self._require_root(), "noise", step)
 
     def state_dict(self) -> dict[str, Any]:
         """Seed mode: the fit index; secret mode: nothing (a resume draws fresh entropy)."""

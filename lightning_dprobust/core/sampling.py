@@ -6,9 +6,10 @@ rank keeps the selected indices ``rank::world_size``: the union over ranks is ex
 whole dataset, and every rank yields the same number of batches (empty ones included), so collectives never
 mismatch.
 
-Each mask comes from its own generator, seeded by :func:`derive_seed` from the sampler's seed, the epoch and the
+Each mask comes from its own generator, keyed by :func:`keyed_generator` with the sampler's seed, the epoch and the
 step, never from the global torch RNG: neither ``seed_everything`` nor an attack that reseeds the global RNG can
-change or reveal a mask. The seed itself is the caller's secret (``DPCallback`` draws it from the operating system).
+change or reveal a mask. The seed itself is the caller's secret (``DPCallback`` derives it from operating-system
+entropy).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
         skip = self._resume[1] if self._resume[0] == self.epoch else 0
         self._resume = (0, 0)
         for step in range(skip, self.steps_per_epoch):
-            generator = torch.Generator().manual_seed(derive_seed(self.seed, "mask", self.epoch, step))
+            generator = keyed_generator("cpu", self.seed, "mask", self.epoch, step)
             mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate
             selected = mask.nonzero().flatten()
             yield selected[self.rank :: self.world_size].tolist()
@@ -99,6 +100,55 @@ def derive_seed(*keys: int | str) -> int:
     """
     digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+MT19937_WORDS = 624
+"""Words of 32 bits in the state of torch's CPU generator (Mersenne Twister MT19937)."""
+_MT_STATE_OFFSET = 24
+"""Byte offset of those words in ``torch.Generator.get_state()`` on CPU, after the initial seed (8 bytes), two
+counters (4 + 4) and the next index (8); each word is stored in 8 bytes, little-endian. Checked at every use."""
+
+
+def keyed_generator(device: torch.device | str, *keys: int | str) -> torch.Generator:
+    """A generator on ``device`` whose whole state follows from ``keys`` (a secret first, then stream labels and
+    counters): the same keys give the same stream, and nothing less than the keys' secret gives it.
+
+    ``manual_seed`` alone does not achieve that on CPU: torch's CPU generator keeps only the low 32 bits of its seed
+    (``manual_seed(s)`` and ``manual_seed(s + 2**32)`` give the same stream), so a CPU stream seeded from any secret
+    is one of 2^32. That is few enough to search: for each candidate, regenerate a step's noise and keep the one that
+    explains the update between two released checkpoints (its residual is the clipped sum, of norm at most the batch
+    size times the clip, while a wrong candidate leaves noise of norm ``sigma C sqrt(d)``), then subtract it. Here the
+    CPU generator's 624 state words (19,968 bits) are SHAKE-256 of the keys, so finding the stream means finding the
+    keys' secret (``DPCallback``: 128 bits from the operating system). CUDA's generator (Philox) uses all 64 bits of its
+    seed; it is seeded with :func:`derive_seed`'s 63.
+
+    Raises:
+        RuntimeError: if torch's CPU generator state is not laid out as this function expects (a future torch): it
+            refuses rather than fall back to a 32-bit seed.
+    """
+    generator = torch.Generator(device=device)
+    if generator.device.type != "cpu":
+        return generator.manual_seed(derive_seed(*keys))
+    generator.manual_seed(0)  # a known state, so that the layout can be checked; every word is replaced below
+    state = generator.get_state()
+    if state.numel() < _MT_STATE_OFFSET + 8 * MT19937_WORDS or _state_words(state)[:3].tolist() != [0, 1, 1812433255]:
+        raise RuntimeError(  # [0, 1, 1812433255]: MT19937's first words when seeded with 0
+            "torch's CPU generator state has an unexpected layout, so it cannot be keyed with the full secret; "
+            "refusing to fall back to a 32-bit seed (run on CUDA, or use a torch version whose CPU generator keeps "
+            "its 624 Mersenne Twister words at byte 24 of get_state())"
+        )
+    digest = hashlib.shake_256(repr(("mt19937", *keys)).encode()).digest(4 * MT19937_WORDS)
+    words = torch.frombuffer(bytearray(digest), dtype=torch.int32).to(torch.int64) & 0xFFFFFFFF
+    _state_words(state).copy_(words)
+    generator.set_state(state)
+    if not torch.equal(_state_words(generator.get_state()), words):
+        raise RuntimeError("torch's CPU generator did not take the keyed state; refusing to fall back to a 32-bit seed")
+    return generator
+
+
+def _state_words(state: torch.Tensor) -> torch.Tensor:
+    """The MT19937 words of a CPU generator state, as a writable ``int64`` view (native byte order, as torch's)."""
+    return state[_MT_STATE_OFFSET : _MT_STATE_OFFSET + 8 * MT19937_WORDS].view(torch.int64)
 
 
 class EmptySafeCollate:
@@ -128,4 +178,4 @@ def _slice_empty(batch):
     raise TypeError(f"cannot build an empty batch from an element of type {type(batch).__name__}")
 
 
-__all__ = ["EmptySafeCollate", "PoissonBatchSampler", "derive_seed"]
+__all__ = ["EmptySafeCollate", "PoissonBatchSampler", "derive_seed", "keyed_generator"]

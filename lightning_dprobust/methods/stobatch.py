@@ -17,7 +17,7 @@ from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.callbacks.guard import refuse_checkpoint_upload
 from lightning_dprobust.core import stobatch as sb
 from lightning_dprobust.core.accounting import PrivacyLedger
-from lightning_dprobust.core.sampling import derive_seed
+from lightning_dprobust.core.sampling import derive_seed, keyed_generator
 from lightning_dprobust.data.validation import check_batch
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.models.stobatch import StoBatchNet
@@ -201,7 +201,7 @@ class StoBatch(ClassifierModule):
     def _fixed_loader(self, loader: DataLoader) -> DataLoader:
         """The data module's dataset served in fixed pairs of fixed disjoint batches (drawn on the first call)."""
         if self.batches.numel() == 0:
-            generator = torch.Generator().manual_seed(self.randomness.mask_seed())
+            generator = keyed_generator("cpu", self.randomness.mask_seed(), "fixed batches")
             self.batches = sb.fixed_disjoint_batches(len(loader.dataset), self.hparams.batch_size, generator)
         pairs = sb.step_pairs(len(self.batches), self.trainer.world_size, self.trainer.global_rank)
         sampler = FixedPairSampler(self.batches, pairs)

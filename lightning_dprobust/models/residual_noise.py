@@ -13,8 +13,9 @@ The network is not copied or edited: forward hooks on its residual blocks add th
 :class:`~lightning_dprobust.models.resnet8.PreActBlock` and timm's ResNet ``BasicBlock``/``Bottleneck`` (timm adds
 the noise after the block's final ReLU, since its blocks are post-activation).
 
-Randomness: every draw comes from a generator the wrapper owns, seeded from the operating system's entropy
-(``secrets``) unless an explicit ``seed`` is given (a warned test mode), independent of the global torch RNG and of
+Randomness: every draw comes from a generator the wrapper owns, keyed (:func:`~lightning_dprobust.core.sampling.
+keyed_generator`, the whole state, not a 32-bit seed) with 128 bits of the operating system's entropy (``secrets``)
+unless an explicit ``seed`` is given (a warned test mode), independent of the global torch RNG and of
 ``seed_everything``; the generator is never saved in a checkpoint.
 """
 
@@ -29,6 +30,7 @@ import torch
 from timm.models.resnet import BasicBlock, Bottleneck
 from torch import Tensor, nn
 
+from lightning_dprobust.core.sampling import keyed_generator
 from lightning_dprobust.models.registry import create_model, register_model
 from lightning_dprobust.models.resnet8 import PreActBlock
 
@@ -111,7 +113,7 @@ class PerturbedResidualNet(nn.Module):
         self.noise_scale, self.noise_at_eval = noise_scale, noise_at_eval
         if seed is not None:
             warnings.warn(f"residual noise seeded with {seed}: reproducible noise is a test mode", stacklevel=2)
-        self._seed = secrets.randbits(62) if seed is None else int(seed)
+        self._seed = secrets.randbits(128) if seed is None else int(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._skip_inputs: dict[int, Tensor] = {}
         self.draws = 0
@@ -130,7 +132,7 @@ class PerturbedResidualNet(nn.Module):
     def _noise(self, like: Tensor) -> Tensor:
         generator = self._generators.get(like.device)
         if generator is None:
-            generator = torch.Generator(device=like.device).manual_seed(self._seed + len(self._generators))
+            generator = keyed_generator(like.device, self._seed, len(self._generators))
             self._generators[like.device] = generator
         self.draws += 1
         return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler, derive_seed
+from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler, derive_seed, keyed_generator
+from tests.helpers import seeded_by_32_bits
 
 
 def test_batch_sizes_match_the_sample_rate():
@@ -76,3 +77,36 @@ def test_a_resume_skips_exactly_the_trained_masks():
     resumed = PoissonBatchSampler(300, 0.1, steps_per_epoch=8, seed=5)
     resumed.resume_at(0, 3)
     assert list(resumed) == full[3:]
+
+
+def test_torch_keeps_32_bits_of_a_cpu_seed_so_a_seeded_state_is_one_of_2_to_the_32():
+    """The premise of keyed generators: on CPU, ``manual_seed(s)`` and ``manual_seed(s + 2**32)`` give the same stream,
+    and every seeded state follows MT19937's initialization recurrence (what :func:`seeded_by_32_bits` checks)."""
+    for seed in (0, 7, 2**40 + 7, derive_seed(2**100 + 3, "noise", 0)):
+        generator = torch.Generator().manual_seed(seed)
+        assert seeded_by_32_bits(generator)
+        twin = torch.Generator().manual_seed(seed % 2**32)
+        assert torch.equal(torch.rand(8, generator=generator), torch.rand(8, generator=twin))
+
+
+def test_keyed_cpu_generators_take_their_whole_state_from_the_keys():
+    """A keyed generator's state is not one of the 2^32 seeded ones; the same keys give the same stream, other keys
+    (a different secret, counter or label) another."""
+    keys = (2**100 + 3, "noise", 4)
+    generator = keyed_generator("cpu", *keys)
+    assert not seeded_by_32_bits(generator)
+    first = torch.randn(64, generator=generator)
+    assert torch.equal(torch.randn(64, generator=keyed_generator("cpu", *keys)), first)
+    for other in ((2**100 + 4, "noise", 4), (2**100 + 3, "noise", 5), (2**100 + 3, "mask", 4)):
+        assert not torch.equal(torch.randn(64, generator=keyed_generator("cpu", *other)), first)
+    unkeyed = torch.Generator().manual_seed(derive_seed(*keys))
+    assert not torch.equal(torch.randn(64, generator=unkeyed), first)
+
+
+def test_each_poisson_mask_is_drawn_from_its_keyed_generator():
+    """The masks are those of :func:`keyed_generator` for (seed, "mask", epoch, step), not of a 32-bit seed."""
+    sampler = PoissonBatchSampler(200, 0.2, steps_per_epoch=3, seed=2**100 + 3)
+    sampler.set_epoch(2)
+    for step, batch in enumerate(sampler):
+        mask = torch.rand(200, generator=keyed_generator("cpu", 2**100 + 3, "mask", 2, step)) < 0.2
+        assert batch == mask.nonzero().flatten().tolist()

@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+from lightning_dprobust.core.sampling import keyed_generator
 from lightning_dprobust.models import Ensemble, PerturbedResidualNet, create_model, residual_blocks
 from lightning_dprobust.models.resnet8 import PreActBlock
 
@@ -178,3 +179,13 @@ def test_noise_is_independent_of_global_seed():
         torch.manual_seed(0)
         outputs.append(noisy(torch.ones(1, 3, 8, 8)))
     assert not torch.equal(*outputs)
+
+
+def test_the_noise_stream_is_keyed_by_the_whole_seed():
+    """The wrapper's noise comes from a generator whose whole state follows from its seed (a ``manual_seed`` would
+    keep 32 bits of it on CPU: one of 2^32 streams to search); a secret seed has 128 bits."""
+    noisy = wrap(resnet8(), gamma=0.5, seed=2**40 + 7)
+    like = torch.zeros(2, 16, 8, 8)
+    expected = torch.randn(like.shape, generator=keyed_generator("cpu", 2**40 + 7, 0))
+    assert torch.equal(noisy._noise(like), expected)
+    assert PerturbedResidualNet(resnet8(), gamma=0.5)._seed.bit_length() > 64  # 128 random bits (fails w.p. 2^-64)

@@ -106,7 +106,8 @@ MT19937_WORDS = 624
 """Words of 32 bits in the state of torch's CPU generator (Mersenne Twister MT19937)."""
 _MT_STATE_OFFSET = 24
 """Byte offset of those words in ``torch.Generator.get_state()`` on CPU, after the initial seed (8 bytes), two
-counters (4 + 4) and the next index (8); each word is stored in 8 bytes, little-endian. Checked at every use."""
+counters (4 + 4) and the next index (8); each word is stored in 8 bytes, in the machine's byte order. Checked at every
+use."""
 
 
 def keyed_generator(device: torch.device | str, *keys: int | str) -> torch.Generator:

@@ -13,10 +13,10 @@ The network is not copied or edited: forward hooks on its residual blocks add th
 :class:`~lightning_dprobust.models.resnet8.PreActBlock` and timm's ResNet ``BasicBlock``/``Bottleneck`` (timm adds
 the noise after the block's final ReLU, since its blocks are post-activation).
 
-Randomness: every draw comes from a generator the wrapper owns, keyed (:func:`~lightning_dprobust.core.sampling.
-keyed_generator`, the whole state, not a 32-bit seed) with 128 bits of the operating system's entropy (``secrets``)
-unless an explicit ``seed`` is given (a warned test mode), independent of the global torch RNG and of
-``seed_everything``; the generator is never saved in a checkpoint.
+Randomness: every draw comes from a generator the wrapper owns, keyed with 128 bits of the operating system's entropy
+(``secrets``) unless an explicit ``seed`` is given (a warned test mode), independent of the global torch RNG and of
+``seed_everything``; the generator is never saved in a checkpoint. Keyed, not seeded: on CPU its whole state follows
+from the key (:func:`~lightning_dprobust.core.sampling.keyed_generator`), where a ``manual_seed`` would keep 32 bits.
 """
 
 from __future__ import annotations

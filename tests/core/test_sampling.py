@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from lightning_dprobust.core import sampling
 from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler, derive_seed, keyed_generator
 from tests.helpers import seeded_by_32_bits
 
@@ -110,3 +111,11 @@ def test_each_poisson_mask_is_drawn_from_its_keyed_generator():
     for step, batch in enumerate(sampler):
         mask = torch.rand(200, generator=keyed_generator("cpu", 2**100 + 3, "mask", 2, step)) < 0.2
         assert batch == mask.nonzero().flatten().tolist()
+
+
+def test_an_unexpected_generator_state_layout_is_refused_not_seeded_with_32_bits(monkeypatch):
+    """If torch's CPU generator state were laid out differently (another torch), keying would fail closed: an error,
+    never a silently 32-bit-seeded generator."""
+    monkeypatch.setattr(sampling, "_MT_STATE_OFFSET", 32)
+    with pytest.raises(RuntimeError, match="refusing to fall back to a 32-bit seed"):
+        keyed_generator("cpu", 2**100 + 3, "noise", 0)

@@ -26,7 +26,7 @@ class DPRandomness:
 
     Secret mode (``seed=None``, the default): each ``fit`` draws a fresh ``SECRET_BITS``-bit root from the operating
     system (:mod:`secrets`); under DDP rank 0's root is broadcast so that all ranks draw one global mask per step. The
-    mask of step ``s`` of epoch ``e`` is seeded by ``(root, fit, e, s)`` and the noise of the ``k``-th private step by
+    mask of step ``s`` of epoch ``e`` is keyed by ``(root, fit, e, s)`` and the noise of the ``k``-th private step by
     ``(root, k)`` (:func:`~lightning_dprobust.core.sampling.keyed_generator`: on CPU the generator's whole state is
     derived from the keys, since a ``manual_seed`` keeps only 32 bits there). The root is never written anywhere: not
     into checkpoints, logs or released weights. A resumed or repeated ``fit`` therefore draws fresh masks and noise.

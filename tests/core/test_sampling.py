@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.core import sampling
 from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler, derive_seed, keyed_generator
 from tests.helpers import seeded_by_32_bits
@@ -119,3 +120,21 @@ def test_an_unexpected_generator_state_layout_is_refused_not_seeded_with_32_bits
     monkeypatch.setattr(sampling, "_MT_STATE_OFFSET", 32)
     with pytest.raises(RuntimeError, match="refusing to fall back to a 32-bit seed"):
         keyed_generator("cpu", 2**100 + 3, "noise", 0)
+
+
+@pytest.mark.parametrize("seed", [None, 2**40 + 7])
+def test_cpu_noise_comes_from_a_generator_keyed_by_the_whole_secret(seed):
+    """A CPU generator seeded with ``manual_seed`` is one of 2^32 (torch keeps 32 bits of the seed): an attacker could
+    search them for the stream that explains an update between two checkpoints. The noise generator of every step is
+    keyed by the whole root instead (secret mode: 128 bits from the operating system)."""
+    if seed is None:
+        randomness = DPRandomness()
+    else:
+        with pytest.warns(UserWarning, match="reproducibility mode"):
+            randomness = DPRandomness(seed=seed)
+    randomness.start(trainer=type("Trainer", (), {"world_size": 1})())
+    for step in (0, 1, 2**33):
+        assert not seeded_by_32_bits(randomness.noise_generator(step, torch.device("cpu")))
+    first = torch.randn(16, generator=randomness.noise_generator(3, torch.device("cpu")))
+    assert torch.equal(torch.randn(16, generator=randomness.noise_generator(3, torch.device("cpu"))), first)
+    assert not torch.equal(torch.randn(16, generator=randomness.noise_generator(4, torch.device("cpu"))), first)

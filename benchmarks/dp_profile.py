@@ -2,9 +2,9 @@
 
 For one case of ``dp_overhead.py`` and each mode asked for (default ``non-DP`` and ``ghost``), in one process: the
 median wall-clock time of ``--steps`` steps after 3 warm-up steps, then ``torch.profiler`` over ``--profile-steps``
-steps: the self time of all operators per step (CUDA: kernel time, how busy the GPU was; CPU: operator time), kernel
-launches per step (CUDA) and the ``--top`` operators by self time. A CUDA step whose wall time is well above its
-kernel time waits on kernel launches, not on arithmetic.
+steps: the busy time per step (:func:`busy_ms`; CUDA: the time of the kernels and copies on the device, how busy the
+GPU was; CPU: the operators' self time), kernel launches per step (CUDA) and the ``--top`` operators by self time. A
+CUDA step whose wall time is well above its kernel time waits on kernel launches, not on arithmetic.
 
 Usage: ``python benchmarks/dp_profile.py --case resnet18/b64 [--modes non-DP ghost] [--device cuda] [--cudnn-tf32 off]``
 """
@@ -18,6 +18,7 @@ import warnings
 
 import torch
 from dp_overhead import CASES, MODES, build_step
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 WARM_UP = 3
@@ -36,6 +37,16 @@ def wall_ms(step, steps: int, device: str) -> float:
     return 1000 * statistics.median(times)
 
 
+def busy_ms(events, cuda: bool) -> float:
+    """Busy milliseconds over all profiled steps. CUDA: the self time of the device's own events (kernels, copies),
+    not of the operators that launched them, which report their kernels' time again (summing both counted each
+    kernel twice), nor of user annotations such as ``Optimizer.step``. CPU: the self time of every operator."""
+    if not cuda:
+        return sum(event.self_cpu_time_total for event in events) / 1000
+    device = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    return sum(event.self_device_time_total for event in device) / 1000
+
+
 def profile_steps(step, steps: int, device: str, top: int) -> tuple[float, float, str]:
     """``(busy ms per step, kernel launches per step, table of the top operators)`` over ``steps`` steps."""
     cuda = device.startswith("cuda")
@@ -47,7 +58,7 @@ def profile_steps(step, steps: int, device: str, top: int) -> tuple[float, float
             torch.cuda.synchronize()
     events = profiler.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    busy = sum(getattr(event, key) for event in events) / steps / 1000
+    busy = busy_ms(events, cuda) / steps
     launches = sum(event.count for event in events if event.key.startswith("cudaLaunchKernel")) / steps
     return busy, launches, events.table(sort_by=key, row_limit=top, max_name_column_width=60)
 

@@ -105,6 +105,24 @@ def test_keyed_cpu_generators_take_their_whole_state_from_the_keys():
     assert not torch.equal(torch.randn(64, generator=unkeyed), first)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_keyed_cuda_generators_keep_the_whole_derived_seed():
+    """CUDA's Philox generator keeps all 64 bits of its seed (unlike the CPU's), so a keyed CUDA generator is seeded
+    with :func:`derive_seed`'s 63 bits: seeds equal in their low 32 bits give different streams, the same keys the
+    same stream, other keys another."""
+    low = torch.randn(64, device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+    high = torch.randn(64, device="cuda", generator=torch.Generator("cuda").manual_seed(7 + 2**40))
+    assert not torch.equal(low, high)
+    keys = (2**100 + 3, "noise", 4)
+    generator = keyed_generator("cuda", *keys)
+    assert generator.device.type == "cuda" and generator.initial_seed() == derive_seed(*keys)
+    first = torch.randn(64, device="cuda", generator=generator)
+    assert torch.equal(torch.randn(64, device="cuda", generator=keyed_generator("cuda", *keys)), first)
+    other = keyed_generator("cuda", 2**100 + 4, "noise", 4)
+    assert not torch.equal(torch.randn(64, device="cuda", generator=other), first)
+
+
 def test_each_poisson_mask_is_drawn_from_its_keyed_generator():
     """The masks are those of :func:`keyed_generator` for (seed, "mask", epoch, step), not of a 32-bit seed."""
     sampler = PoissonBatchSampler(200, 0.2, steps_per_epoch=3, seed=2**100 + 3)

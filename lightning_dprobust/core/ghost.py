@@ -230,8 +230,12 @@ class GhostClipper:
     float32 they agree to rounding. The forward and the backward to the layer outputs keep the caller's TF32 setting
     (cuDNN's default is on, as in non-private training): they form the activations and output gradients that both the
     norm and the share are computed from, so their rounding changes what an example's gradient is, not whether its
-    norm is its share's. The first-step check runs with TF32 off throughout, as the vmap engine it compares with.
-    The vmap engine keeps autocast: its norms and its sum come from the same per-example gradients.
+    norm is its share's. So do the per-example gradients of the layers that keep them (formed in the backward for
+    streamed layers, just after it for the others): each is formed once, and its norm and its share are both taken
+    from that one tensor, so rounding cannot part them; a convolution's, batched products, follow cuDNN's TF32
+    setting (``core/ghost_conv.py``), as its weight gradient does in non-private training. The first-step check runs
+    with TF32 off throughout, as the vmap engine it compares with. The vmap engine keeps autocast: its norms and its
+    sum come from the same per-example gradients.
     """
 
     def __init__(
@@ -334,18 +338,28 @@ class GhostClipper:
         the vmap fallback are one ``[B, P]`` matrix (:func:`example_rows`): one norm and one weighted sum for all of
         them (ResNet-18: 40 GroupNorm tensors and the stem), the other rules give their own norms and sums."""
         losses = self._output_gradients(part)  # the caller's TF32 setting
+        per_example = self._kept_gradients(part[0].shape[0])  # the caller's TF32 setting too (class docstring)
         with float32_products():
-            return self._norms_and_sums(part, losses)
+            return self._norms_and_sums(part, losses, per_example)
 
-    def _norms_and_sums(self, part: tuple[Tensor, ...], losses: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def _kept_gradients(self, examples: int) -> dict[str, Tensor]:
+        """``full name -> [B, *shape]``: the per-example gradients of the layers that keep them, streamed during the
+        backward or formed here from their captures, which are dropped."""
+        per_example = {}
+        for rule in self.rules:
+            if rule.calls and rule.keeps_per_example(examples):
+                per_example.update({rule.names[k]: g for k, g in rule.per_example_gradients(examples).items()})
+                rule.calls = []
+        return per_example
+
+    def _norms_and_sums(
+        self, part: tuple[Tensor, ...], losses: Tensor, per_example: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """Norms and clipped sums from the kept per-example gradients ``per_example``, the vmap fallback's and the
+        other rules' (a layer the forward did not use has zero gradient)."""
         examples = part[0].shape[0]
-        called = [rule for rule in self.rules if rule.calls]  # a layer the forward did not use has zero gradient
-        kept = [rule for rule in called if rule.keeps_per_example(examples)]
-        summed = [rule for rule in called if not rule.keeps_per_example(examples)]
+        summed = [rule for rule in self.rules if rule.calls]  # the kept layers' calls are gone
         sq = torch.stack([rule.sq_norms(examples) for rule in summed] or [losses.new_zeros(examples)]).sum(dim=0)
-        per_example = {rule.names[k]: g for rule in kept for k, g in rule.per_example_gradients(examples).items()}
-        for rule in kept:
-            rule.calls = []
         if self._fallback is not None:
             per_example.update(self._fallback.per_example_gradients(part)[0])
         rows = example_rows(per_example, examples) if per_example else None
@@ -354,7 +368,8 @@ class GhostClipper:
         norms = sq.sqrt()
         factors = clip_factors(norms, self.max_grad_norm, self.clipping)
         sums = split_rows(factors.to(rows.dtype) @ rows, per_example) if rows is not None else {}
-        del rows, per_example
+        del rows
+        per_example.clear()  # frees them (the caller's dict is this one) before the other layers' sums
         for rule in summed:
             sums.update(rule.clipped_sum(factors))
             rule.calls = []  # frees this layer's activations and output gradients before the next layer's sum

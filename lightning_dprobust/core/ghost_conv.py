@@ -25,6 +25,7 @@ Requirements (:meth:`Conv2dRule.supports`): ``groups == 1`` and zero padding giv
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 
@@ -79,6 +80,23 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
     sn, sc, s_h, s_w = x.stride()
     view = x.as_strided((n, oh, ow, kh, kw, c), (sn, sh * s_h, sw * s_w, dh * s_h, dw * s_w, sc), x.storage_offset())
     return view.reshape(n, oh * ow, kh * kw * c)
+
+
+@contextlib.contextmanager
+def _convolution_precision():
+    """CUDA matrix products inside the block with cuDNN's TF32 setting, not their own (restored after). The batched
+    product below forms convolution weight gradients, which non-private training gets from cuDNN, with TF32 by
+    default; a matrix product's own default is off. Where the per-example gradients are kept, their norms and their
+    shares of the clipped sum are both taken from them, so TF32 cannot make a share exceed its clip. The dropped route
+    computes only norms, which a different product's share must match: it runs inside
+    :func:`~lightning_dprobust.core.per_sample.float32_products`, where both settings are off, so it stays float32.
+    So does the first step's check against the vmap engine. CPU products have no TF32: nothing changes there."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def _channels_first(columns: Tensor, conv: nn.Conv2d) -> Tensor:
@@ -158,7 +176,8 @@ class Conv2dRule(LinearRule):
         if "weight" in self.names:
             a = group_rows(unfold_patches(inputs, self.module), examples).flatten(1, 2)  # [B, k L, d]
             g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
-            out["weight"] = _channels_first(torch.bmm(g, a), self.module)
+            with _convolution_precision():
+                out["weight"] = _channels_first(torch.bmm(g, a), self.module)
         if "bias" in self.names:
             out["bias"] = group_rows(grad, examples).sum(dim=(1, 3, 4))
         return out

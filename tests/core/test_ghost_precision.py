@@ -107,3 +107,49 @@ def test_under_bf16_autocast_each_examples_clipped_gradient_stays_within_the_cli
             assert result.norms.item() > 1e-3 and share.item() <= 1e-3 * (1 + 1e-5), i
     if isinstance(clipper, GhostClipper):  # its own rules did it: autocast's weight casts make no vmap fallback
         assert not clipper.fallback_names and not clipper._use_reference
+
+
+class ThreeConvolutions(torch.nn.Module):
+    """At batch 4 on 14x14 maps: the first convolution keeps its per-example gradients (formed after the backward),
+    the second keeps them too (formed during it, streamed), the third drops them (larger than its captures)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.Tanh(),
+            torch.nn.Conv2d(8, 64, 3, padding=1),
+            torch.nn.Tanh(),
+            torch.nn.Conv2d(64, 256, 3, padding=1),
+        )
+
+    def per_example_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.convs(x).mean(dim=(2, 3))[:, :10]
+        return torch.nn.functional.cross_entropy(logits, y, reduction="none")
+
+
+@pytest.mark.usefixtures("default_tf32")
+def test_kept_convolution_gradients_follow_cudnns_tf32_setting_and_dropped_ones_stay_float32(monkeypatch):
+    """A kept per-example weight gradient is a convolution's weight gradient whose norm and share both come from it:
+    its batched product runs with cuDNN's TF32 setting (on by default, as for the non-private weight gradient), the
+    matrix products' own (off by default) restored after. The dropped route's products form norms that a different
+    product's share must match, and the first step's check compares with the vmap engine: both stay float32."""
+    torch.manual_seed(0)
+    module = ThreeConvolutions()
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    seen, bmm = [], torch.bmm
+
+    def spy(a, b):
+        seen.append(((a.shape[1], b.shape[2]), torch.backends.cuda.matmul.allow_tf32))
+        return bmm(a, b)
+
+    monkeypatch.setattr(torch, "bmm", spy)
+    x, y = batch((3, 14, 14), size=4)
+    ghost((x, y))  # the first call: the check, then the step
+    assert seen and {tf32 for _, tf32 in seen[: len(seen) // 2]} == {False}  # the check's products come first
+    seen.clear()
+    ghost((x, y))
+    routes = {shape: tf32 for shape, tf32 in seen}
+    assert routes == {(8, 27): True, (64, 72): True, (256, 576): False}, routes
+    assert [rule.keeps_per_example(4) for rule in ghost.rules] == [True, True, False]
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, False)

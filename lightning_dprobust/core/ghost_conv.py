@@ -25,7 +25,6 @@ Requirements (:meth:`Conv2dRule.supports`): ``groups == 1`` and zero padding giv
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 
@@ -33,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows, memory_order, squared_norms
+from lightning_dprobust.core.per_sample import tf32_settings
 
 CPU_CHUNK_VALUES = 2**18
 """On CPU, per-example gradients are formed in equal chunks of examples whose per-example gradients and unfolded
@@ -82,7 +82,6 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
     return view.reshape(n, oh * ow, kh * kw * c)
 
 
-@contextlib.contextmanager
 def _convolution_precision():
     """CUDA matrix products inside the block with cuDNN's TF32 setting, not their own (restored after). The batched
     product below forms convolution weight gradients, which non-private training gets from cuDNN, with TF32 by
@@ -91,12 +90,8 @@ def _convolution_precision():
     computes only norms, which a different product's share must match: it runs inside
     :func:`~lightning_dprobust.core.per_sample.float32_products`, where both settings are off, so it stays float32.
     So does the first step's check against the vmap engine. CPU products have no TF32: nothing changes there."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+    cudnn = torch.backends.cudnn.allow_tf32
+    return tf32_settings(cudnn=cudnn, matmul=cudnn)
 
 
 def _channels_first(columns: Tensor, conv: nn.Conv2d) -> Tensor:

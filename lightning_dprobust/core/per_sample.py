@@ -174,17 +174,23 @@ class PerExampleClipper:
 
 
 @contextlib.contextmanager
+def tf32_settings(*, cudnn: bool, matmul: bool):
+    """TF32 on or off inside the block for cuDNN convolutions (``cudnn``) and CUDA matrix products (``matmul``); the
+    caller's settings restored after, also when the block raises."""
+    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 def float32_products():
     """TF32 (cuDNN convolutions, CUDA matrix products) off inside the block, restored after. A product that weights
     per-example gradients by their clip factors must not round them: TF32 keeps 10 mantissa bits, so a share could
     exceed the clip by about 0.05 % (``torch.backends.cuda.matmul.allow_tf32`` is off by default, but a caller may
     turn it on)."""
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+    return tf32_settings(cudnn=False, matmul=False)
 
 
 def per_example_norms(grads: Mapping[str, Tensor]) -> Tensor:

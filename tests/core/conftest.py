@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_dprobust.core.per_sample import tf32_settings
+
 
 @pytest.fixture
 def double_precision():
@@ -18,17 +20,13 @@ def double_precision():
 @pytest.fixture
 def tf32_on():
     """TF32 on for cuDNN convolutions and CUDA matrix products, as a caller may set it, for one test; restored after."""
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+    with tf32_settings(cudnn=True, matmul=True):
+        yield
 
 
 @pytest.fixture
 def default_tf32():
     """torch's default TF32 settings for one test, whatever they were before (cuDNN convolutions on, CUDA matrix
     products off); restored after."""
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+    with tf32_settings(cudnn=True, matmul=False):
+        yield

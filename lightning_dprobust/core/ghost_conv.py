@@ -15,8 +15,9 @@ materializing ``G^T A`` costs ``~T d p``; both unfold the patches). The rule pic
   maps of at most :data:`CPU_PRODUCT_SUM_POSITIONS` output positions, one matrix product of the scaled output
   gradients and the unfolded inputs.
 
-Patches are unfolded by one strided copy from a channels-last view of the input (:func:`unfold_patches`: the copy
-moves runs of ``kw C`` values), and per-example gradients are one batched product of each example's output gradients
+Patches are unfolded by a strided copy from a channels-last view of the input (:func:`unfold_patches`: the copy
+moves runs of ``kw C`` values; on CPU, where those runs are short, by two copies with longer runs,
+:data:`CPU_TWO_COPY_RUN`), and per-example gradients are one batched product of each example's output gradients
 and patches. On CPU a cache-sized chunk of examples is formed at a time (:data:`CPU_CHUNK_VALUES`), which also bounds
 the memory of the dropped route's per-example gradients by one chunk.
 
@@ -50,6 +51,18 @@ maps (one thread, batch 64, 3x3 kernels: 1x1 maps with 512 channels 20.9 against
 7.4 against 5.1 ms, 3x3 maps 9.2 against 15.7 ms; the non-private backward pays the convolution's cost too)."""
 
 
+CPU_TWO_COPY_RUN = 16
+"""On CPU, patches whose rows hold fewer consecutive input values than this (``kw C``, channels-last) are unfolded by
+two copies (:func:`unfold_patches`) when the dilation along the height is 1. One copy of the patches moves runs of
+``kw C`` values, and a copy is slow per run on CPU when runs are this short. The first copy unfolds the input along
+the width only: it has about ``kh / sh`` times fewer values than the patches. The second copy moves runs of
+``kh kw C`` values. One thread, batch 64, in isolation (one copy against two): ``cnn_tanh``'s first layer (1 channel,
+8x8 kernel, stride 2; runs of 8) 1.22 against 0.66 ms, 3 channels with a 3x3 kernel (runs of 9) 4.08 against 1.78
+ms, 3 channels with a 5x5 kernel (runs of 15) 4.33 against 3.83 ms. From runs of 16 on, one copy was about as fast or
+faster: 0.53 against 0.65 ms for 4 channels with a 4x4 kernel, and 1.22 against 1.68 ms for ResNet-18's stem (runs
+of 21)."""
+
+
 def _sums_by_product(call: Capture) -> bool:
     """Whether a call's clipped sum is one matrix product (:data:`CPU_PRODUCT_SUM_POSITIONS`)."""
     return call.grad.device.type == "cpu" and math.prod(call.grad.shape[2:]) <= CPU_PRODUCT_SUM_POSITIONS
@@ -64,7 +77,10 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
     a strided view, which moves runs of ``kw C`` values when the dilation is 1 (from channels-first storage the runs
     would be ``kw`` values long). On ResNet-18 at batch 64 (one thread, one process alternating the two) the
     convolution rules took 125 ms a step against 163 ms with the grouped weight-gradient convolution and ``F.unfold``
-    that channels-first inputs with more than 3 channels took on CPU before.
+    that channels-first inputs with more than 3 channels took on CPU before. On CPU, where those runs are shorter than
+    :data:`CPU_TWO_COPY_RUN` and the dilation along the height is 1, two copies replace the last one: every input row
+    unfolded along the width (``[N, W', H, kw, C]``), from which each patch's ``kh`` rows are one run of ``kh kw C``
+    values.
     """
     if inputs.dim() != 4:
         raise RuntimeError(
@@ -78,7 +94,14 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
     n, c, h, w = x.shape
     oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
     sn, sc, s_h, s_w = x.stride()
-    view = x.as_strided((n, oh, ow, kh, kw, c), (sn, sh * s_h, sw * s_w, dh * s_h, dw * s_w, sc), x.storage_offset())
+    if x.device.type == "cpu" and dh == 1 and kw * c < CPU_TWO_COPY_RUN:
+        # [n, ow, h, kw, c]: every input row unfolded along the width; then a patch's kh rows are one run
+        rows = x.as_strided((n, ow, h, kw, c), (sn, sw * s_w, s_h, dw * s_w, sc), x.storage_offset()).contiguous()
+        rn, r_ow, r_h = rows.stride()[:3]
+        view = rows.as_strided((n, oh, ow, kh, kw * c), (rn, sh * r_h, r_ow, r_h, 1))
+    else:
+        strides = (sn, sh * s_h, sw * s_w, dh * s_h, dw * s_w, sc)
+        view = x.as_strided((n, oh, ow, kh, kw, c), strides, x.storage_offset())
     return view.reshape(n, oh * ow, kh * kw * c)
 
 

@@ -258,8 +258,11 @@ def test_each_linear_route_equals_the_vmap_engine(name, bias, views):
 
 @pytest.mark.parametrize("name", list(CONVS))
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
-def test_unfolded_patches_are_f_unfold_exactly(name, layout):
-    """``F.unfold``'s patches, transposed to rows ``[N, L, d]`` and each row ordered ``(kh, kw, C)``."""
+@pytest.mark.parametrize("copies", ["one", "two"])
+def test_unfolded_patches_are_f_unfold_exactly(name, layout, copies, monkeypatch):
+    """``F.unfold``'s patches, transposed to rows ``[N, L, d]`` and each row ordered ``(kh, kw, C)``, whether copied
+    once or, rows unfolded along the width first, twice (``CPU_TWO_COPY_RUN``; a dilated height always copies once)."""
+    monkeypatch.setattr(ghost_conv, "CPU_TWO_COPY_RUN", 0 if copies == "one" else 10**6)
     build, size, _ = CONVS[name]
     conv = build()
     x = torch.randn(4, conv.in_channels, size + 3, size + 2)

@@ -53,14 +53,12 @@ maps (one thread, batch 64, 3x3 kernels: 1x1 maps with 512 channels 20.9 against
 
 CPU_TWO_COPY_RUN = 16
 """On CPU, patches whose rows hold fewer consecutive input values than this (``kw C``, channels-last) are unfolded by
-two copies (:func:`unfold_patches`) when the dilation along the height is 1. One copy of the patches moves runs of
-``kw C`` values, and a copy is slow per run on CPU when runs are this short. The first copy unfolds the input along
-the width only: it has about ``kh / sh`` times fewer values than the patches. The second copy moves runs of
-``kh kw C`` values. One thread, batch 64, in isolation (one copy against two): ``cnn_tanh``'s first layer (1 channel,
-8x8 kernel, stride 2; runs of 8) 1.22 against 0.66 ms, 3 channels with a 3x3 kernel (runs of 9) 4.08 against 1.78
-ms, 3 channels with a 5x5 kernel (runs of 15) 4.33 against 3.83 ms. From runs of 16 on, one copy was about as fast or
-faster: 0.53 against 0.65 ms for 4 channels with a 4x4 kernel, and 1.22 against 1.68 ms for ResNet-18's stem (runs
-of 21)."""
+two copies with longer runs (:func:`unfold_patches`) when the dilation along the height is 1: a copy is slow per run on
+CPU when runs are this short. One thread, batch 64, in isolation (one copy against two): ``cnn_tanh``'s first layer (1
+channel, 8x8 kernel, stride 2; runs of 8) 1.22 against 0.66 ms, 3 channels with a 3x3 kernel (runs of 9) 4.08 against
+1.78 ms, 3 channels with a 5x5 kernel (runs of 15) 4.33 against 3.83 ms. From runs of 16 on, one copy was about as fast
+or faster: 0.53 against 0.65 ms for 4 channels with a 4x4 kernel, and 1.22 against 1.68 ms for ResNet-18's stem (runs of
+21)."""
 
 
 def _sums_by_product(call: Capture) -> bool:
@@ -79,8 +77,8 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
     convolution rules took 125 ms a step against 163 ms with the grouped weight-gradient convolution and ``F.unfold``
     that channels-first inputs with more than 3 channels took on CPU before. On CPU, where those runs are shorter than
     :data:`CPU_TWO_COPY_RUN` and the dilation along the height is 1, two copies replace the last one: every input row
-    unfolded along the width (``[N, W', H, kw, C]``), from which each patch's ``kh`` rows are one run of ``kh kw C``
-    values.
+    unfolded along the width (``[N, W', H, kw, C]``, about ``kh / sh`` times fewer values than the patches), from
+    which each patch's ``kh`` rows are one run of ``kh kw C`` values.
     """
     if inputs.dim() != 4:
         raise RuntimeError(

@@ -5,7 +5,9 @@ giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 
 materializing ``G^T A`` costs ``~T d p``; both unfold the patches). The rule picks, per forward (Bu, Mao, Xu 2022,
 "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv 2210.00038):
 
-* **ghost**: when ``T (d + p) < d p``;
+* **ghost**: when ``T (d + p) < d p``. On CPU, where the unfolded patches take at most :data:`CPU_HELD_PATCHES`
+  times the memory of the layer's captures, they are kept from the norm to the clipped sum (the captured inputs are
+  dropped), and the sum is one matrix product of the scaled output gradients and those patches;
 * **materialized, kept**: otherwise, when the per-example gradients (``B (d p + p)`` values) are no larger than the
   captured inputs and output gradients. They are formed (below) during the backward where the backward runs the
   layer's output node (the captures are dropped at once, :meth:`LayerRule.stream`), and the clipped sum is
@@ -59,6 +61,14 @@ channel, 8x8 kernel, stride 2; runs of 8) 1.22 against 0.66 ms, 3 channels with 
 1.78 ms, 3 channels with a 5x5 kernel (runs of 15) 4.33 against 3.83 ms. From runs of 16 on, one copy was about as fast
 or faster: 0.53 against 0.65 ms for 4 channels with a 4x4 kernel, and 1.22 against 1.68 ms for ResNet-18's stem (runs of
 21)."""
+
+
+CPU_HELD_PATCHES = 2
+"""On CPU, a ghost-norm layer keeps the patches its norm unfolded, for its clipped sum, when they hold at most this
+many times the values of its captured inputs and output gradients (``cnn_tanh``'s second layer: 1.8; ResNet-18's
+last stage at 32x32: 1.5 to 1.8; a 3x3 convolution of stride 1: about 4.5, not kept). The clipped sum is then one
+matrix product with them instead of oneDNN's weight-gradient convolution (``cnn_tanh``'s second layer, batch 64, one
+thread, in isolation: 0.35 against 0.61 ms); the patches replace the captured inputs until that sum."""
 
 
 def _sums_by_product(call: Capture) -> bool:
@@ -201,17 +211,27 @@ class Conv2dRule(LinearRule):
     def sq_norms(self, examples: int) -> Tensor:
         if self._materializes(examples):  # each chunk's per-example gradients are freed after its norms
             chunks = self._chunked([(call.inputs, call.grad) for call in self.calls], examples)
-            total = torch.cat([sum(squared_norms(g) for g in grads.values()) for grads in chunks])
+            return torch.cat([sum(squared_norms(g) for g in grads.values()) for grads in chunks])
+        total = super().sq_norms(examples)  # ghost norm on the unfolded patches, cached with the output gradients
+        if self._holds_patches():
+            for call in self.calls:
+                call.inputs = None  # the clipped sum reads the patches
         else:
-            total = super().sq_norms(examples)  # ghost norm on the unfolded input
-        self._cache = None  # the clipped sum needs neither the per-example gradients nor the unfolded input
+            self._cache = None  # the clipped sum reads the captured inputs
         return total
+
+    def _holds_patches(self) -> bool:
+        """Whether the cached patches are kept for the clipped sum (:data:`CPU_HELD_PATCHES`)."""
+        patches = self._cache[0]
+        captures = sum(call.inputs.numel() + call.shape.numel() for call in self.calls)
+        return patches.device.type == "cpu" and patches.numel() <= CPU_HELD_PATCHES * captures
 
     def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
         return unfold_patches(call.inputs, self.module), call.grad.flatten(2).transpose(1, 2)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        del self._cache
+        if self._cache is not None:
+            return super().clipped_sum(factors)  # one product with the held patches
         out = {}
         mask = ("weight" in self.names, "bias" in self.names)
         for call in self.calls:
@@ -228,6 +248,9 @@ class Conv2dRule(LinearRule):
                     name = self.names[local]
                     out[name] = out[name].add_(grad) if name in out else grad
         return out
+
+    def _weight_from_columns(self, product: Tensor) -> Tensor:
+        return _channels_first(product, self.module).contiguous()
 
     def _product_sum(
         self, grad: Tensor, inputs: Tensor, mask: tuple[bool, bool]

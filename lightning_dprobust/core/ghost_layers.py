@@ -169,6 +169,14 @@ class LayerRule:
 class LinearRule(LayerRule):
     """``nn.Linear`` on inputs ``[N, ..., d]``: mixed ghost / materialized norm, book-keeping clipped sum."""
 
+    _cache: tuple[Tensor, Tensor] | None = None
+    """``(inputs [B, T, d], output gradients [B, T, p])`` of every position, from :meth:`sq_norms` to
+    :meth:`clipped_sum`."""
+
+    def reset(self) -> None:
+        super().reset()
+        self._cache = None  # a step that failed between the two must not leave its positions to the next
+
     def _positions(self, examples: int) -> tuple[Tensor, Tensor]:
         acts, grads = [], []
         for call in self.calls:
@@ -196,11 +204,14 @@ class LinearRule(LayerRule):
         scaled = g * factors.to(g.dtype)[:, None, None]
         out = {}
         if "weight" in self.names:
-            weight = scaled.flatten(0, 1).T @ a.flatten(0, 1)
-            out[self.names["weight"]] = weight.view_as(self.module.weight)
+            out[self.names["weight"]] = self._weight_from_columns(scaled.flatten(0, 1).T @ a.flatten(0, 1))
         if "bias" in self.names:
             out[self.names["bias"]] = scaled.sum(dim=(0, 1))
         return out
+
+    def _weight_from_columns(self, product: Tensor) -> Tensor:
+        """The weight gradient from the ``[p, d]`` product of output gradients and inputs."""
+        return product.view_as(self.module.weight)
 
 
 def frobenius_products(x: Tensor, y: Tensor) -> Tensor:

@@ -198,6 +198,7 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
         monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
     if kernels.endswith("sums"):  # every clipped sum by the matrix product / the weight-gradient convolution
         monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
+        monkeypatch.setattr(ghost_conv, "CPU_HELD_PATCHES", 0)  # from the captured inputs, not held patches
     # channels-last: captures stored channels-last (their patches are copied without a layout change)
     module = Wrapper(Convs(conv, size, calls, kernels.startswith("channels_last")), views)
     generator = torch.Generator().manual_seed(2)
@@ -207,6 +208,27 @@ def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kerne
         probe = GhostClipper(module, "per_example_loss", 1.0)
         probe._output_gradients(inputs)
         assert _route(next(rule for rule in probe.rules if isinstance(rule, Conv2dRule)), 5) == route
+    _assert_ghost_equals_vmap(module, inputs)
+
+
+@pytest.mark.parametrize(("held", "ratio"), [(True, ghost_conv.CPU_HELD_PATCHES), (False, 1)])
+def test_a_ghost_layer_holds_its_patches_for_the_sum_only_within_the_memory_bound(held, ratio, monkeypatch):
+    """``CONVS["ghost"]``'s patches hold 1.125 times the values of its captures: within the default bound they are
+    kept from the norm to the clipped sum and the captured inputs dropped; under a bound of 1 the inputs stay, and
+    the patches go. A step that fails between the norms and the sum leaves nothing to the next one."""
+    monkeypatch.setattr(ghost_conv, "CPU_HELD_PATCHES", ratio)
+    build, size, _ = CONVS["ghost"]
+    torch.manual_seed(0)
+    module = Wrapper(Convs(build(), size), 1)
+    inputs = (torch.randn(5, 16, size, size), torch.randint(0, 3, (5,)))
+    clipper = GhostClipper(module, "per_example_loss", 1.0)
+    clipper._output_gradients(inputs)
+    rule = next(rule for rule in clipper.rules if isinstance(rule, Conv2dRule))
+    rule.sq_norms(5)
+    assert (rule._cache is not None) is held
+    assert all((call.inputs is None) is held for call in rule.calls)
+    clipper._output_gradients(inputs)  # the next forward, as after an error before the clipped sum
+    assert rule._cache is None
     _assert_ghost_equals_vmap(module, inputs)
 
 

@@ -5,15 +5,16 @@ giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 
 materializing ``G^T A`` costs ``~T d p``; both unfold the patches). The rule picks, per forward (Bu, Mao, Xu 2022,
 "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv 2210.00038):
 
-* **ghost**: when ``T (d + p) < d p``. On CPU, where the unfolded patches take at most :data:`CPU_HELD_PATCHES`
-  times the memory of the layer's captures, they are kept from the norm to the clipped sum (the captured inputs are
-  dropped), and the sum is one matrix product of the scaled output gradients and those patches;
+* **ghost**: when ``T (d + p) < d p``; the clipped sum is computed as in the dropped route below, except on CPU
+  where the unfolded patches take at most :data:`CPU_HELD_PATCHES` times the memory of the layer's captures: they
+  are kept from the norm to the clipped sum (the captured inputs are dropped), and the sum is one matrix product of
+  the scaled output gradients and those patches;
 * **materialized, kept**: otherwise, when the per-example gradients (``B (d p + p)`` values) are no larger than the
   captured inputs and output gradients. They are formed (below) during the backward where the backward runs the
   layer's output node (the captures are dropped at once, :meth:`LayerRule.stream`), and the clipped sum is
   ``sum_i c_i grad_i``: no second weight-gradient convolution;
 * **materialized, dropped**: otherwise; the per-example gradients give the norms and are freed, and the clipped sum
-  is the convolution's own weight gradient of the scaled output gradients (as in the ghost case), or on CPU, for
+  is the convolution's own weight gradient of the scaled output gradients, or on CPU, for
   maps of at most :data:`CPU_PRODUCT_SUM_POSITIONS` output positions, one matrix product of the scaled output
   gradients and the unfolded inputs.
 

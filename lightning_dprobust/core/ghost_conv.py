@@ -250,25 +250,25 @@ class Conv2dRule(LinearRule):
                     out[name] = out[name].add_(grad) if name in out else grad
         return out
 
-    def _weight_from_columns(self, product: Tensor) -> Tensor:
-        return _channels_first(product, self.module).contiguous()
+    def _weight_product(self, rows: Tensor, patches: Tensor) -> Tensor:
+        """``G^T A`` as the weight ``[p, C, kh, kw]``, from output-gradient rows ``[M, p]`` and patches ``[M, d]``.
+        Whichever is smaller, the patches or the product ``[p, d]``, is copied into the weight's ``(C, kh, kw)`` order
+        (ResNet-18's last stage, 1x1 maps, batch 64: 64 rows of patches against a 512-row product whose copy took
+        longer than the product)."""
+        conv = self.module
+        if rows.shape[0] < conv.out_channels:
+            return (rows.T @ _channels_first(patches, conv).reshape(patches.shape)).view(conv.weight.shape)
+        return _channels_first(rows.T @ patches, conv).contiguous()
 
     def _product_sum(
         self, grad: Tensor, inputs: Tensor, mask: tuple[bool, bool]
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(weight, bias)`` gradients (``mask`` says which) summed over the batch dim, the weight's as one matrix
-        product ``G^T A`` of the output gradients and the unfolded inputs of every row and position. Whichever factor
-        is smaller, the patches ``[N L, d]`` or the product ``[p, d]``, is copied into the weight's ``(C, kh, kw)``
-        order (ResNet-18's last stage, 1x1 maps, batch 64: 64 rows of patches against a 512-row product whose copy
-        took longer than the product)."""
+        product of the output gradients and the unfolded inputs of every row and position."""
         conv, weight = self.module, None
         if mask[0]:
             rows = grad.flatten(2).transpose(1, 2).reshape(-1, conv.out_channels)  # [N L, p]
-            patches = unfold_patches(inputs, conv).reshape(rows.shape[0], -1)
-            if rows.shape[0] < conv.out_channels:
-                weight = (rows.T @ _channels_first(patches, conv).reshape(patches.shape)).view(conv.weight.shape)
-            else:
-                weight = _channels_first(rows.T @ patches, conv).contiguous()
+            weight = self._weight_product(rows, unfold_patches(inputs, conv).reshape(rows.shape[0], -1))
         return weight, grad.sum(dim=(0, 2, 3)) if mask[1] else None
 
     def _weight_grad(

@@ -204,14 +204,14 @@ class LinearRule(LayerRule):
         scaled = g * factors.to(g.dtype)[:, None, None]
         out = {}
         if "weight" in self.names:
-            out[self.names["weight"]] = self._weight_from_columns(scaled.flatten(0, 1).T @ a.flatten(0, 1))
+            out[self.names["weight"]] = self._weight_product(scaled.flatten(0, 1), a.flatten(0, 1))
         if "bias" in self.names:
             out[self.names["bias"]] = scaled.sum(dim=(0, 1))
         return out
 
-    def _weight_from_columns(self, product: Tensor) -> Tensor:
-        """The weight gradient from the ``[p, d]`` product of output gradients and inputs."""
-        return product.view_as(self.module.weight)
+    def _weight_product(self, rows: Tensor, inputs: Tensor) -> Tensor:
+        """``G^T A`` as the weight, from output-gradient rows ``[M, p]`` and input rows ``[M, d]``."""
+        return (rows.T @ inputs).view_as(self.module.weight)
 
 
 def frobenius_products(x: Tensor, y: Tensor) -> Tensor:

@@ -43,6 +43,22 @@ import warnings
 
 import torch
 
+TOKEN_BAG = "token_bag"
+"""The case model :class:`TokenBag` (not a registry model: token ids in, not images)."""
+
+
+class TokenBag(torch.nn.Module):
+    """A bag-of-tokens text classifier: the mean of the tokens' embeddings, then a linear head."""
+
+    def __init__(self, num_classes: int, vocabulary: int, dim: int) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocabulary, dim)
+        self.head = torch.nn.Linear(dim, num_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids).mean(dim=1))
+
+
 #: name -> (model, input shape, batch size, model kwargs)
 CASES = {
     "cnn_tanh/b2": ("cnn_tanh", (1, 28, 28), 2, {}),  # next to no arithmetic: each mode's fixed cost per step
@@ -57,6 +73,8 @@ CASES = {
     # GPU: the models' own 224x224 images, where a step is bound by arithmetic rather than launches
     "resnet18_224/b64": ("timm/resnet18", (3, 224, 224), 64, {}),
     "vit_tiny_224/b64": ("timm/vit_tiny_patch16_224", (3, 224, 224), 64, {}),
+    # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
+    "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }
 DEFAULT_CASES = ("cnn_tanh/b64", "cnn_tanh/b256", "cnn_tanh/b1024", "resnet18/b64", "vit_tiny/b64")
 MODES = ("non-DP", "ghost", "vmap", "Opacus ew", "Opacus ghost")
@@ -170,8 +188,12 @@ def build_step(case: str, mode: str, device: str):
 
     model_name, shape, batch_size, model_kwargs = CASES[case]
     torch.manual_seed(0)
-    module = DPSGD(model=model_name, num_classes=10, input_shape=shape, model_kwargs=model_kwargs).to(device)
-    x = torch.rand(batch_size, *shape, device=device)
+    if model_name == TOKEN_BAG:
+        module = DPSGD(model=TokenBag(10, **model_kwargs), num_classes=10, input_shape=shape).to(device)
+        x = torch.randint(0, model_kwargs["vocabulary"], (batch_size, *shape), device=device)
+    else:
+        module = DPSGD(model=model_name, num_classes=10, input_shape=shape, model_kwargs=model_kwargs).to(device)
+        x = torch.rand(batch_size, *shape, device=device)
     y = torch.randint(0, 10, (batch_size,), device=device)
     if mode.startswith("Opacus"):
         return _opacus(module.model, mode, x, y)

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
 from lightning_dprobust.core.ghost_conv import Conv2dRule
+from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_graph import reaches, sequence_marker, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
@@ -90,6 +91,8 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
         return LinearRule(module, names)
     if isinstance(module, nn.Conv2d) and Conv2dRule.supports(module):
         return Conv2dRule(module, names)
+    if isinstance(module, nn.Embedding) and EmbeddingRule.supports(module):
+        return EmbeddingRule(module, names)
     if set(names) <= {"cls_token", "reg_token", "pos_embed"} and TokenRule.supports(module):
         return TokenRule(module, names)
     if NormRule.supports(module):

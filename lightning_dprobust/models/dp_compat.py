@@ -5,7 +5,9 @@ example's gradient. A layer that mixes the examples of a batch breaks the bound:
 one example's output, and so its gradient, depend on every other example, and its running statistics are a
 non-private summary of the data. GroupNorm (Wu and He 2018, https://arxiv.org/abs/1803.08494) normalizes each example
 on its own and is the standard replacement (as in Opacus' ``ModuleValidator.fix``). In-place activations are also
-removed: they overwrite tensors that per-example gradient hooks (Opacus) keep for the backward pass.
+removed: they overwrite tensors that per-example gradient hooks (Opacus) keep for the backward pass. An embedding
+with ``max_norm`` renormalizes the table rows each batch looks up, in place, outside the noisy update: the released
+table would show which tokens the private data held.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def make_dp_compatible(model: nn.Module, num_groups: int = 32) -> nn.Module:
     2. An ``InstanceNorm`` with ``track_running_stats=True`` stops tracking them and always uses per-example
        statistics.
     3. Every module with an ``inplace`` attribute gets ``inplace=False``.
+    4. Every ``nn.Embedding`` gets ``max_norm=None`` (no in-place renormalization of the looked-up rows) and
+       ``sparse=False`` (the noise makes the gradient dense anyway, and ``vmap`` forms no sparse per-example
+       gradients).
 
     Guarantees: afterwards :func:`dp_incompatibilities` returns ``[]`` and no ``_BatchNorm`` instance remains.
     Replacements sit on the device and dtype of the module they replace. Shared submodules are replaced once and
@@ -92,6 +97,8 @@ def make_dp_compatible(model: nn.Module, num_groups: int = 32) -> nn.Module:
             _drop_running_stats(module)
         if getattr(module, "inplace", False) is True:
             module.inplace = False
+        if isinstance(module, nn.Embedding):
+            module.max_norm, module.sparse = None, False
     return model
 
 
@@ -104,6 +111,16 @@ def _problem(module: nn.Module) -> str | None:
         return f"{kind} tracks running statistics across examples (set track_running_stats=False: {_FIX})"
     if getattr(module, "inplace", False) is True:
         return f"{kind} has inplace=True, which overwrites tensors saved for per-example gradients ({_FIX})"
+    if isinstance(module, nn.Embedding) and module.max_norm is not None:
+        return (
+            f"{kind} has max_norm={module.max_norm}: it renormalizes the rows each batch looks up in place, without "
+            f"noise, so the released table shows which tokens the private data held (set max_norm=None: {_FIX})"
+        )
+    if isinstance(module, nn.Embedding) and module.sparse:
+        return (
+            f"{kind} has sparse=True: the vmap engine cannot form its per-example gradients, and the noise makes "
+            f"every update dense anyway (set sparse=False: {_FIX})"
+        )
     return None
 
 
@@ -111,8 +128,9 @@ def dp_incompatibilities(model: nn.Module) -> list[str]:
     """List the modules of ``model`` that break per-example gradient clipping, one readable line each.
 
     Flagged: every ``_BatchNorm`` instance (subclasses included, e.g. ``SyncBatchNorm`` and timm's
-    ``BatchNormAct2d``), every ``InstanceNorm`` with ``track_running_stats=True``, and every module with
-    ``inplace=True``. Each line starts with the module's qualified name (``"(root)"`` for ``model`` itself), e.g.
+    ``BatchNormAct2d``), every ``InstanceNorm`` with ``track_running_stats=True``, every module with
+    ``inplace=True``, and every ``nn.Embedding`` with ``max_norm`` or ``sparse=True``. Each line starts with the
+    module's qualified name (``"(root)"`` for ``model`` itself), e.g.
     ``"net.layer1.0.bn1: BatchNorm2d mixes examples of a batch (replace with GroupNorm: ...)"``.
 
     Args:

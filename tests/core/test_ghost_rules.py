@@ -1,4 +1,5 @@
-"""The closed-form normalization rule and every convolution route and kernel agree with the vmap engine."""
+"""The closed-form normalization and embedding rules and every convolution route and kernel agree with the vmap
+engine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from lightning_dprobust import models
 from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
+from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_layers import (
+    LinearRule,
     MaterializedRule,
     example_rows,
     frobenius_products,
@@ -364,3 +367,74 @@ def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model,
     after = ghost((x, y)).norms
     torch.testing.assert_close(after[1:], before[1:], rtol=1e-10, atol=1e-12)
     assert not torch.isclose(after[0], before[0], rtol=1e-6)
+
+
+class Tokens2Logits(nn.Module):
+    """Token ids ``[B, T]`` through an embedding (``calls`` times: the ids, then the ids reversed), tanh, mean over the
+    positions, a linear head; ``views`` rows per example (the ids rolled by 0, 1, ... positions)."""
+
+    def __init__(self, embedding: nn.Embedding, views: int = 1, calls: int = 1):
+        super().__init__()
+        self.embedding, self.views, self.calls = embedding, views, calls
+        self.head = nn.Linear(embedding.embedding_dim, 3)
+
+    def per_example_loss(self, ids, y):
+        rows = torch.stack([ids.roll(view, dims=1) for view in range(self.views)], dim=1).flatten(0, 1)
+        h = sum(self.embedding(rows.flip(1) if call else rows) for call in range(self.calls))
+        logits = self.head(torch.tanh(h).mean(1)).view(ids.shape[0], self.views, -1).mean(1)
+        return F.cross_entropy(logits, y, reduction="none")
+
+
+def _token_batch(examples: int = 5, positions: int = 6, vocabulary: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids from a small vocabulary, so that tokens repeat inside examples and across them; example 1 equals
+    example 0, so that a row shared between examples would show."""
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, vocabulary, (examples, positions), generator=generator)
+    ids[1] = ids[0]
+    return ids, torch.randint(0, 3, (examples,), generator=generator)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0, -1])
+@pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+def test_the_embedding_rule_equals_the_vmap_engine(padding_idx, views, calls, ids_dtype):
+    """Norms and clipped sums of an embedding table, with tokens repeated inside and across examples, padding
+    positions (which get no gradient), augmentation views and two calls of the layer."""
+    torch.manual_seed(0)
+    module = Tokens2Logits(nn.Embedding(7, 5, padding_idx=padding_idx), views, calls)
+    rules, _ = plan_rules(module)
+    assert [type(rule) for rule in rules] == [EmbeddingRule, LinearRule]
+    ids, y = _token_batch()
+    _assert_ghost_equals_vmap(module, (ids.to(ids_dtype), y))
+
+
+def test_the_embedding_rule_holds_one_row_per_example_and_token_and_no_table_per_example():
+    """A vocabulary of a million rows: the rule holds one summed row for each distinct (example, token) pair, the
+    two equal examples' rows apart, instead of each example's ``[vocabulary, dim]`` gradient. A forward after a step
+    that failed between norms and sum leaves it nothing of that step."""
+    torch.manual_seed(0)
+    module = Tokens2Logits(nn.Embedding(10**6, 3))
+    ids, y = _token_batch()
+    ids = ids * 99_991  # spread over the table
+    clipper = GhostClipper(module, "per_example_loss", 1.0)
+    clipper._output_gradients((ids, y))
+    rule = next(rule for rule in clipper.rules if isinstance(rule, EmbeddingRule))
+    rule.sq_norms(ids.shape[0])
+    rows, tokens, owners = rule._cache
+    assert rows.shape == (sum(len(example.unique()) for example in ids), 3)
+    for example in range(ids.shape[0]):
+        assert torch.equal(tokens[owners == example], ids[example].unique())
+    clipper._output_gradients((ids, y))
+    assert rule._cache is None
+
+
+@pytest.mark.parametrize(
+    "embedding",
+    [nn.Embedding(7, 5, max_norm=1.0), nn.Embedding(7, 5, scale_grad_by_freq=True)],
+    ids=["max_norm", "scale_grad_by_freq"],
+)
+def test_embeddings_outside_the_rule_keep_the_generic_rule(embedding):
+    """``max_norm`` renormalizes the table in place during the forward and ``scale_grad_by_freq`` divides by token
+    counts: neither is the one-hot linear map the rule computes."""
+    rules, leftover = plan_rules(embedding)
+    assert [type(rule) for rule in rules] == [MaterializedRule] and not leftover

@@ -106,3 +106,21 @@ def test_instance_norm_running_stats() -> None:
 def test_bad_num_groups() -> None:
     with pytest.raises(ValueError, match="num_groups"):
         make_dp_compatible(nn.BatchNorm2d(4), num_groups=0)
+
+
+def test_an_embedding_that_renormalizes_or_is_sparse_is_flagged_and_fixed() -> None:
+    """``max_norm`` renormalizes, in place and without noise, the rows a batch looks up (the released table would
+    show which tokens the batch held); ``sparse=True`` gradients cannot be formed per example by vmap."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4, max_norm=0.5), nn.Embedding(10, 4, sparse=True), nn.Embedding(10, 4))
+    before = model[0].weight.detach().clone()
+    model[0](torch.tensor([3]))
+    changed = (model[0].weight.detach() != before).any(dim=1)
+    assert changed.tolist() == [row == 3 for row in range(10)]  # the leak the check is for
+    problems = dp_incompatibilities(model)
+    assert len(problems) == 2
+    assert problems[0].startswith("0: Embedding has max_norm=0.5: it renormalizes the rows each batch looks up")
+    assert problems[1].startswith("1: Embedding has sparse=True") and FIX in problems[1]
+    make_dp_compatible(model)
+    assert dp_incompatibilities(model) == []
+    assert [(m.max_norm, m.sparse) for m in model] == [(None, False)] * 3

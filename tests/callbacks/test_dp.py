@@ -120,6 +120,18 @@ def test_resume_with_a_different_clip_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ refusals
+class RenormalizedEmbedding(nn.Module):
+    """A pixel-intensity embedding with ``max_norm``: each forward renormalizes the rows it looks up, in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(17, 4, max_norm=1.0)
+        self.head = nn.Linear(64 * 4, 10)
+
+    def forward(self, x):
+        return self.head(self.table(x.flatten(1).long()).flatten(1))
+
+
 class TwoOptimizers(DPSGD):
     def configure_optimizers(self):
         return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)]
@@ -136,6 +148,7 @@ class TwoOptimizers(DPSGD):
             "BatchNorm",
         ),
         (lambda: TwoOptimizers(model="cnn_tanh", input_shape=(1, 8, 8)), {}, "exactly one optimizer"),
+        (lambda: DPSGD(model=RenormalizedEmbedding()), {}, "max_norm=1.0: it renormalizes the rows"),
     ],
 )
 def test_setups_that_break_the_guarantee_are_refused(tmp_path, module, trainer_kwargs, message):

@@ -133,11 +133,16 @@ def plan_rules(module: nn.Module, parameter_names: Collection[str] | None = None
     return rules, leftover
 
 
-def _capture(rule: LayerRule, tensor: Tensor, differentiated: Tensor) -> None:
+def _output_edge(differentiated: Tensor) -> tuple[object, torch.Size]:
+    """The gradient edge of a layer's output as it is now (an in-place op later gives the tensor a new one), and its
+    shape."""
     if not differentiated.requires_grad:
         raise RuntimeError("the ghost engine needs gradients enabled in the forward pass of the per-example loss")
-    edge = get_gradient_edge(differentiated)
-    rule.calls.append(Capture(tensor.detach(), tensor._version, edge, differentiated.shape, rule.start))
+    return get_gradient_edge(differentiated), differentiated.shape
+
+
+def _capture(rule: LayerRule, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
+    rule.calls.append(Capture(tensor.detach(), tensor._version, *output, rule.start))
 
 
 def _mark(rule: LayerRule) -> None:
@@ -150,8 +155,15 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
         vit = rule.module
         return [
             (vit.patch_embed, False, lambda *_: _mark(rule)),
-            (vit.pos_drop, False, lambda mod, args, kwargs, out: _capture(rule, args[0], args[0])),
+            (vit.pos_drop, False, lambda mod, args, kwargs, out: _capture(rule, args[0], _output_edge(args[0]))),
         ]
+
+    inner = rule.affine_output_of if isinstance(rule, NormRule) else None
+    inner_inputs: list[tuple[object, torch.Size]] = []  # the inner module's input edges, in a call of rule.module
+
+    def start_call(*_) -> None:
+        _mark(rule)
+        inner_inputs.clear()
 
     def capture_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
         if kwargs or len(args) != 1 or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
@@ -159,9 +171,17 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
                 f"{type(mod).__name__} was called with {len(args)} positional and {len(kwargs)} keyword arguments "
                 "or returned a non-tensor: the ghost engine needs one tensor in and one out; use engine='vmap'"
             )
-        _capture(rule, args[0], out)
+        if inner is not None and len(inner_inputs) != 1:
+            raise RuntimeError(
+                f"{type(mod).__name__} called its {type(inner).__name__} {len(inner_inputs)} times, not once: the "
+                "ghost engine captures the affine map's output there; use engine='vmap'"
+            )
+        _capture(rule, args[0], inner_inputs.pop() if inner is not None else _output_edge(out))
 
-    return [(rule.module, True, lambda *_: _mark(rule)), (rule.module, False, capture_call)]
+    hooks = [(rule.module, True, start_call), (rule.module, False, capture_call)]
+    if inner is not None:  # the edge is taken before the activation runs: in place, it would replace the edge
+        hooks.append((inner, True, lambda mod, args, kwargs: inner_inputs.append(_output_edge(args[0]))))
+    return hooks
 
 
 def _runs_no_layer(node: object) -> bool:

@@ -24,7 +24,17 @@ moves runs of ``kw C`` values; on CPU, where those runs are short, by two copies
 and patches. On CPU a cache-sized chunk of examples is formed at a time (:data:`CPU_CHUNK_VALUES`), which also bounds
 the memory of the dropped route's per-example gradients by one chunk.
 
-Requirements (:meth:`Conv2dRule.supports`): ``groups == 1`` and zero padding given as numbers.
+Grouped convolutions (``groups > 1``: depthwise ones in MobileNet, EfficientNet, ConvNeXt) are ``groups``
+convolutions side by side, each from its ``C / groups`` input channels to its ``p / groups`` output channels: their
+per-example gradients are one batched product over (example, group) pairs of each group's output gradients and
+patches, or, for depthwise layers (one input channel per group), the patches times the output gradients broadcast
+over the kernel taps, summed over the positions (MobileNetV3-Small at 32x32, batch 64, one thread, whole steps in one
+process: 0.93x [0.91-1.02] of the batched product's time; EfficientNet-B0 0.84x [0.79-0.91]). Each group's weight
+has few values (``p / groups`` by ``kh kw C / groups``: 9 per depthwise output channel for a 3x3 kernel), so they
+are always materialized (kept, or dropped where they outgrow the captures); the ghost route is for ``groups == 1``.
+The CPU product sums are one product per group.
+
+Requirements (:meth:`Conv2dRule.supports`): zero padding given as numbers.
 """
 
 from __future__ import annotations
@@ -127,8 +137,9 @@ def _convolution_precision():
 
 
 def _channels_first(columns: Tensor, conv: nn.Conv2d) -> Tensor:
-    """``[..., kh kw C]`` columns (patches, or products with them) as ``[..., C, kh, kw]`` (a permuted view)."""
-    shaped = columns.view(*columns.shape[:-1], *conv.kernel_size, conv.in_channels)
+    """``[..., kh kw C]`` columns (patches, or products with them) as ``[..., C, kh, kw]`` (a permuted view); ``C`` is
+    the input channels of one group."""
+    shaped = columns.view(*columns.shape[:-1], *conv.kernel_size, conv.weight.shape[1])
     k = columns.dim() - 1
     return shaped.permute(*range(k), k + 2, k, k + 1)
 
@@ -147,7 +158,7 @@ class Conv2dRule(LinearRule):
 
     @staticmethod
     def supports(conv: nn.Conv2d) -> bool:
-        return conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
+        return conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
 
     def reset(self) -> None:
         super().reset()
@@ -156,8 +167,8 @@ class Conv2dRule(LinearRule):
     # ------------------------------------------------------------------------------------ choice of route
     def _materializes(self, examples: int) -> bool:
         conv = self.module
-        if "weight" not in self.names:
-            return True  # bias only: its per-example gradient is a sum of output gradients
+        if "weight" not in self.names or conv.groups > 1:
+            return True  # bias only (a sum of output gradients), or a grouped weight (the module docstring)
         d, p = math.prod(conv.weight.shape[1:]), conv.out_channels
         positions = sum(math.prod(call.shape[2:]) * (call.shape[0] // max(examples, 1)) for call in self.calls)
         return positions * (d + p) >= d * p
@@ -182,9 +193,9 @@ class Conv2dRule(LinearRule):
         """Per-example gradients summed over ``calls`` (input, output gradient), one chunk of examples at a time."""
         rows = [group_rows(inputs, examples).shape[1] for inputs, _ in calls]  # refuses 0 examples
         per_example = sum(p.numel() for p in self.tensors().values())
-        if "weight" in self.names:  # and the example's unfolded patches
+        if "weight" in self.names:  # and the example's unfolded patches (every group's)
             positions = sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True))
-            per_example += positions * math.prod(self.module.weight.shape[1:])
+            per_example += positions * math.prod(self.module.weight.shape[1:]) * self.module.groups
         largest = max(1, CPU_CHUNK_VALUES // per_example) if calls[0][0].device.type == "cpu" else examples
         size = math.ceil(examples / math.ceil(examples / largest))  # chunks of equal size
         for start in range(0, examples, size):
@@ -198,16 +209,33 @@ class Conv2dRule(LinearRule):
     def _example_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         """Per-example gradients of ``examples`` examples: the weight's as one batched product ``G_i A_i`` of each
         example's output gradients ``[p, k L]`` and unfolded patches ``[k L, d]`` (its ``k`` rows' positions one after
-        the other), a permuted view ``[B, p, C, kh, kw]`` of the product (the patches are ordered ``(kh, kw, C)``)."""
+        the other), a permuted view ``[B, p, C, kh, kw]`` of the product (the patches are ordered ``(kh, kw, C)``).
+        A grouped layer's product is over (example, group) pairs (:meth:`_grouped_product`)."""
         out = {}
         if "weight" in self.names:
             a = group_rows(unfold_patches(inputs, self.module), examples).flatten(1, 2)  # [B, k L, d]
             g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
             with _convolution_precision():
-                out["weight"] = _channels_first(torch.bmm(g, a), self.module)
+                product = torch.bmm(g, a) if self.module.groups == 1 else self._grouped_product(g, a)
+                out["weight"] = _channels_first(product, self.module)
         if "bias" in self.names:
             out["bias"] = group_rows(grad, examples).sum(dim=(1, 3, 4))
         return out
+
+    def _grouped_product(self, g: Tensor, a: Tensor) -> Tensor:
+        """``[B, p, kh kw C_g]``: each group's output gradients ``[p / groups, k L]`` times its patches ``[k L, kh kw
+        C_g]`` (the patches' channels split into ``groups`` runs of ``C_g``), for every example and group at once;
+        depthwise (``C_g = 1``) by a broadcast product summed over the positions (module docstring)."""
+        groups, (b, positions, _) = self.module.groups, a.shape
+        taps, per_group = math.prod(self.module.kernel_size), self.module.weight.shape[1]
+        if per_group == 1:  # depthwise: a broadcast product summed over the positions, no copy of the patches
+            multiplier = g.shape[1] // groups
+            g = g.view(b, groups, multiplier, positions).permute(0, 3, 1, 2).unsqueeze(2)  # [B, L, 1, groups, m]
+            product = (a.view(b, positions, taps, groups, 1) * g).sum(dim=1)  # [B, taps, groups, m]
+            return product.permute(0, 2, 3, 1).reshape(b, groups * multiplier, taps)
+        a = a.view(b, positions, taps, groups, per_group).permute(0, 3, 1, 2, 4).reshape(b * groups, positions, -1)
+        product = torch.bmm(g.reshape(b * groups, -1, positions), a)  # [B groups, p / groups, kh kw C_g]
+        return product.view(b, g.shape[1], -1)
 
     def sq_norms(self, examples: int) -> Tensor:
         if self._materializes(examples):  # each chunk's per-example gradients are freed after its norms
@@ -264,9 +292,13 @@ class Conv2dRule(LinearRule):
         self, grad: Tensor, inputs: Tensor, mask: tuple[bool, bool]
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(weight, bias)`` gradients (``mask`` says which) summed over the batch dim, the weight's as one matrix
-        product of the output gradients and the unfolded inputs of every row and position."""
+        product of the output gradients and the unfolded inputs of every row and position (one per group)."""
         conv, weight = self.module, None
-        if mask[0]:
+        if mask[0] and conv.groups > 1:  # every row's positions as the positions of one example
+            patches = unfold_patches(inputs, conv).flatten(0, 1).unsqueeze(0)  # [1, N L, d]
+            rows = grad.flatten(2).transpose(0, 1).reshape(1, conv.out_channels, -1)  # [1, p, N L]
+            weight = _channels_first(self._grouped_product(rows, patches), conv).reshape(conv.weight.shape)
+        elif mask[0]:
             rows = grad.flatten(2).transpose(1, 2).reshape(-1, conv.out_channels)  # [N L, p]
             weight = self._weight_product(rows, unfold_patches(inputs, conv).reshape(rows.shape[0], -1))
         return weight, grad.sum(dim=(0, 2, 3)) if mask[1] else None
@@ -286,7 +318,7 @@ class Conv2dRule(LinearRule):
             conv.dilation,
             False,
             [0, 0],
-            1,
+            conv.groups,
             [False, *mask],
         )
         return w, b

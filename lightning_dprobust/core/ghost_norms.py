@@ -12,9 +12,11 @@ map, so one rule costs one normalization forward, one product and two reductions
 and backward (:class:`~lightning_dprobust.core.ghost_layers.MaterializedRule`, which these rules specialize).
 
 Only layers whose forward is exactly that formula are covered: ``nn.GroupNorm`` and ``nn.LayerNorm``, timm's
-``GroupNorm`` and ``LayerNorm`` (their plain, not "fast", path) and timm's ``GroupNormAct`` without dropout or
-activation (what ``models.make_dp_compatible`` builds). Other subclasses (e.g. timm's ``LayerNorm2d``, which
-normalizes the channel dim of ``NCHW``) keep the generic rule.
+``GroupNorm`` and ``LayerNorm`` (their plain, not "fast", path) and timm's ``GroupNormAct`` (what
+``models.make_dp_compatible`` builds from ``BatchNormAct2d``), whatever its dropout and activation: its ``g`` is
+captured at the input of its ``drop`` module, which is the affine map's output (:attr:`NormRule.affine_output_of`),
+so the layers after the map need no formula (MobileNetV3's Hardswish, EfficientNet's SiLU). Other subclasses (e.g.
+timm's ``LayerNorm2d``, which normalizes the channel dim of ``NCHW``) keep the generic rule.
 """
 
 from __future__ import annotations
@@ -38,9 +40,6 @@ def norm_kind(module: nn.Module) -> str | None:
     kind = _exact_types().get(type(module))
     if kind is None or getattr(module, "_fast_norm", False):
         return None
-    extras = [getattr(module, name, None) for name in ("drop", "act")]
-    if any(extra is not None and not isinstance(extra, nn.Identity) for extra in extras):
-        return None
     return kind
 
 
@@ -50,6 +49,15 @@ class NormRule(MaterializedRule):
     @staticmethod
     def supports(module: nn.Module) -> bool:
         return norm_kind(module) is not None
+
+    @cached_property
+    def affine_output_of(self) -> nn.Module | None:
+        """timm ``GroupNormAct``'s ``drop`` module, whose input is the affine map's output (its forward is
+        ``act(drop(group_norm(x)))``): the output gradient is captured there, before the dropout and the
+        activation. ``None`` for the plain normalization layers, captured at their own output."""
+        from timm.layers import GroupNormAct
+
+        return self.module.drop if type(self.module) is GroupNormAct else None
 
     @cached_property
     def kind(self) -> str:

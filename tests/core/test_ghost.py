@@ -22,6 +22,8 @@ MODELS = {
     "timm/resnet18": ((3, 8, 8), {}),
     "timm/vit_tiny_patch16_224": ((3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
     "preact_resnet8": ((3, 8, 8), {"dp_compatible": True}),
+    # depthwise convolutions (kept, and dropped on the 1x1 maps), GroupNormAct with Hardswish and ReLU, squeeze-excite
+    "timm/mobilenetv3_small_050": ((3, 16, 16), {}),
     # two members, each a GroupNorm ResNet8 with its residual blocks hooked (noise off: gamma = 0 by default)
     "residual_perturbation": ((3, 8, 8), {"base_kwargs": {"dp_compatible": True}, "ensemble_size": 2}),
 }

@@ -67,15 +67,50 @@ def test_norm_rule_per_example_gradients_equal_the_generic_rule(name, rows_per_e
     "module",
     [
         LayerNorm2d(4),  # normalizes the channel dim of NCHW: not the formula
-        GroupNormAct(4, num_groups=2, apply_act=True),  # an activation after the affine map
         type("Scaled", (nn.GroupNorm,), {"forward": lambda self, x: 2 * super(type(self), self).forward(x)})(2, 4),
     ],
-    ids=["layernorm2d", "groupnorm_act_relu", "subclass"],
+    ids=["layernorm2d", "subclass"],
 )
 def test_layers_outside_the_closed_form_keep_the_generic_rule(module):
     assert norm_kind(module) is None
     rules, leftover = plan_rules(module)
     assert [type(rule) for rule in rules] == [MaterializedRule] and not leftover
+
+
+class NormAct(nn.Module):
+    """A convolution, a timm ``GroupNormAct`` (its output gradient taken at its ``drop`` module's input), a head."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.conv, self.norm, self.head = nn.Conv2d(2, 4, 3), norm, nn.Linear(4 * 3 * 3, 3)
+
+    def forward(self, x):
+        return self.head(self.norm(self.conv(x)).flatten(1))
+
+
+ACTIVATED_NORMS = {
+    "relu_in_place": lambda: GroupNormAct(4, num_groups=2),  # timm's default activation, in place
+    "silu": lambda: GroupNormAct(4, num_groups=2, act_layer=nn.SiLU, inplace=False),
+    "hardswish_frozen_weight": lambda: GroupNormAct(4, num_groups=2, act_layer=nn.Hardswish).requires_grad_(False),
+    "gelu_tanh_dropout": lambda: GroupNormAct(4, num_groups=2, act_layer="gelu_tanh", drop_layer=nn.Dropout),
+    "prelu": lambda: GroupNormAct(4, num_groups=2, act_layer=nn.PReLU),  # an activation with its own parameter
+    "softmax": lambda: GroupNormAct(4, num_groups=2, act_layer=nn.Softmax),  # not elementwise
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATED_NORMS))
+@pytest.mark.parametrize("views", [1, 2])
+def test_a_norm_with_an_activation_after_it_equals_the_vmap_engine(name, views):
+    """The closed form needs the gradient at the affine map's output, before timm ``GroupNormAct``'s dropout and
+    activation (in place or not, with parameters or not, elementwise or not); in eval mode, as dropout draws."""
+    torch.manual_seed(0)
+    norm = _randomized(ACTIVATED_NORMS[name]())
+    if name == "hardswish_frozen_weight":
+        norm.bias.requires_grad_(True)
+    module = Wrapper(NormAct(norm), views).eval()
+    assert NormRule in {type(rule) for rule in plan_rules(module)[0]}
+    generator = torch.Generator().manual_seed(6)
+    _assert_ghost_equals_vmap(module, (torch.randn(5, 2, 5, 5, generator=generator), torch.randint(0, 3, (5,))))
 
 
 def test_fast_norm_layers_keep_the_generic_rule():
@@ -169,6 +204,15 @@ CONVS = {
     "dropped_few_channels": (lambda: nn.Conv2d(3, 64, 3, padding=1), 5, "dropped"),
     "dropped": (lambda: nn.Conv2d(16, 16, 3, padding=1), 4, "dropped"),
     "dropped_no_bias": (lambda: nn.Conv2d(16, 16, 3, padding=1, bias=False), 4, "dropped"),
+    "grouped_kept": (lambda: nn.Conv2d(4, 6, 3, padding=1, groups=2), 5, "kept"),
+    "depthwise_kept": (lambda: nn.Conv2d(4, 4, 3, padding=1, groups=4), 5, "kept"),
+    "depthwise_multiplier_strided_dilated": (
+        lambda: nn.Conv2d(3, 6, (3, 2), stride=2, padding=(2, 1), dilation=(2, 1), groups=3),
+        7,
+        "kept",
+    ),
+    "grouped_dropped": (lambda: nn.Conv2d(8, 16, 3, padding=1, groups=2, bias=False), 2, "dropped"),
+    "depthwise_multiplier_dropped": (lambda: nn.Conv2d(8, 16, 3, padding=1, groups=8), 1, "dropped"),
 }
 
 

@@ -73,6 +73,10 @@ CASES = {
     # GPU: the models' own 224x224 images, where a step is bound by arithmetic rather than launches
     "resnet18_224/b64": ("timm/resnet18", (3, 224, 224), 64, {}),
     "vit_tiny_224/b64": ("timm/vit_tiny_patch16_224", (3, 224, 224), 64, {}),
+    # CPU: depthwise convolutions, normalization layers with activations, ConvNeXt's LayerNorm2d and layer scale
+    "mobilenetv3/b64": ("timm/mobilenetv3_small_050", (3, 32, 32), 64, {}),
+    "efficientnet_b0/b64": ("timm/efficientnet_b0", (3, 32, 32), 64, {}),
+    "convnext_atto/b64": ("timm/convnext_atto", (3, 32, 32), 64, {}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
     "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }

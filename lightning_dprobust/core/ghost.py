@@ -52,6 +52,7 @@ from lightning_dprobust.core.ghost_graph import reaches, sequence_marker, stray_
 from lightning_dprobust.core.ghost_layers import (
     Capture,
     LayerRule,
+    LayerScaleRule,
     LinearRule,
     MaterializedRule,
     TokenRule,
@@ -93,6 +94,8 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
         return Conv2dRule(module, names)
     if isinstance(module, nn.Embedding) and EmbeddingRule.supports(module):
         return EmbeddingRule(module, names)
+    if set(names) == {"gamma"} and LayerScaleRule.supports(module):
+        return LayerScaleRule(module, names)
     if set(names) <= {"cls_token", "reg_token", "pos_embed"} and TokenRule.supports(module):
         return TokenRule(module, names)
     if NormRule.supports(module):
@@ -157,6 +160,8 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
             (vit.patch_embed, False, lambda *_: _mark(rule)),
             (vit.pos_drop, False, lambda mod, args, kwargs, out: _capture(rule, args[0], _output_edge(args[0]))),
         ]
+    if isinstance(rule, LayerScaleRule):
+        return _layer_scale_hooks(rule)
 
     inner = rule.affine_output_of if isinstance(rule, NormRule) else None
     inner_inputs: list[tuple[object, torch.Size]] = []  # the inner module's input edges, in a call of rule.module
@@ -182,6 +187,24 @@ def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
     if inner is not None:  # the edge is taken before the activation runs: in place, it would replace the edge
         hooks.append((inner, True, lambda mod, args, kwargs: inner_inputs.append(_output_edge(args[0]))))
     return hooks
+
+
+def _layer_scale_hooks(rule: LayerScaleRule) -> list[tuple[nn.Module, bool, object]]:
+    """ConvNeXt's ``gamma``: the MLP output of each call of the block (``NCHW``), and the gradient edge at
+    ``drop_path``'s input, the product of the two."""
+    block, outputs = rule.module, []
+
+    def start_call(*_) -> None:
+        _mark(rule)
+        outputs.clear()
+
+    def mlp_output(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+        outputs.append(out if block.use_conv_mlp else out.permute(0, 3, 1, 2))
+
+    def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        _capture(rule, outputs.pop(), _output_edge(args[0]))
+
+    return [(block, True, start_call), (block.mlp, False, mlp_output), (block.drop_path, True, scaled)]
 
 
 def _runs_no_layer(node: object) -> bool:

@@ -296,3 +296,27 @@ class TokenRule(MaterializedRule):
         slices = {"cls_token": g[:, :cls], "reg_token": g[:, cls : cls + reg]}
         slices["pos_embed"] = g[:, vit.num_prefix_tokens :] if vit.no_embed_class else g
         return {k: slices[k].unsqueeze(1) for k in self.names}
+
+
+class LayerScaleRule(MaterializedRule):
+    """timm ``ConvNeXtBlock``'s ``gamma`` (Liu et al. 2022, "A ConvNet for the 2020s", arXiv 2201.03545: layer scale,
+    one factor per channel on the block's MLP output before the residual add).
+
+    The product is linear in ``gamma``, so each example's gradient is the sum over positions of ``g * y``, with ``y``
+    the MLP output (captured at ``mlp``'s output, in ``NCHW`` order) and ``g`` the gradient at the product (captured
+    at ``drop_path``'s input, so stochastic depth changes nothing).
+    """
+
+    @staticmethod
+    def supports(block: nn.Module) -> bool:
+        """timm's own ``ConvNeXtBlock.forward`` (subclasses that override it are not covered) with a ``gamma``."""
+        from timm.models.convnext import ConvNeXtBlock
+
+        return (
+            getattr(type(block), "forward", None) is ConvNeXtBlock.forward
+            and getattr(block, "gamma", None) is not None
+            and all(isinstance(getattr(block, name, None), nn.Module) for name in ("mlp", "drop_path"))
+        )
+
+    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        return {"gamma": (group_rows(grad, examples) * group_rows(inputs, examples)).sum(dim=(1, 3, 4))}

@@ -6,17 +6,18 @@ group of channels, Wu and He 2018, arXiv 1803.08494; LayerNorm: over the trailin
 
     ``dL/dw = sum over positions of g * x_hat``,   ``dL/db = sum over positions of g``,
 
-where the positions are the dims ``w`` broadcasts over (GroupNorm: the spatial dims; LayerNorm: the leading dims
-other than the batch). ``x_hat`` is recomputed from the captured input by the same normalization without the affine
+where the positions are the dims ``w`` broadcasts over (GroupNorm and timm's ``LayerNorm2d``, which normalizes the
+channels of each position of ``NCHW`` maps, as in ConvNeXt: the spatial dims; LayerNorm: the leading dims other than
+the batch). ``x_hat`` is recomputed from the captured input by the same normalization without the affine
 map, so one rule costs one normalization forward, one product and two reductions: no ``vmap`` of the layer's forward
 and backward (:class:`~lightning_dprobust.core.ghost_layers.MaterializedRule`, which these rules specialize).
 
 Only layers whose forward is exactly that formula are covered: ``nn.GroupNorm`` and ``nn.LayerNorm``, timm's
-``GroupNorm`` and ``LayerNorm`` (their plain, not "fast", path) and timm's ``GroupNormAct`` (what
+``GroupNorm``, ``LayerNorm`` and ``LayerNorm2d`` (their plain, not "fast", path) and timm's ``GroupNormAct`` (what
 ``models.make_dp_compatible`` builds from ``BatchNormAct2d``), whatever its dropout and activation: its ``g`` is
 captured at the input of its ``drop`` module, which is the affine map's output (:attr:`NormRule.affine_output_of`),
-so the layers after the map need no formula (MobileNetV3's Hardswish, EfficientNet's SiLU). Other subclasses (e.g.
-timm's ``LayerNorm2d``, which normalizes the channel dim of ``NCHW``) keep the generic rule.
+so the layers after the map need no formula (MobileNetV3's Hardswish, EfficientNet's SiLU). Other subclasses keep
+the generic rule.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from lightning_dprobust.core.ghost_layers import MaterializedRule, group_rows
 
 
 def _exact_types() -> dict[type, str]:
-    from timm.layers import GroupNorm, GroupNormAct, LayerNorm
+    from timm.layers import GroupNorm, GroupNormAct, LayerNorm, LayerNorm2d
 
-    return {nn.GroupNorm: "group", GroupNorm: "group", GroupNormAct: "group", nn.LayerNorm: "layer", LayerNorm: "layer"}
+    groups = {nn.GroupNorm: "group", GroupNorm: "group", GroupNormAct: "group"}
+    return groups | {nn.LayerNorm: "layer", LayerNorm: "layer", LayerNorm2d: "channels"}
 
 
 def norm_kind(module: nn.Module) -> str | None:
-    """``"group"`` or ``"layer"`` for a normalization layer this module's closed form covers, else ``None``."""
+    """``"group"``, ``"layer"`` or ``"channels"`` (timm's ``LayerNorm2d``) for a normalization layer this module's
+    closed form covers, else ``None``."""
     kind = _exact_types().get(type(module))
     if kind is None or getattr(module, "_fast_norm", False):
         return None
@@ -68,11 +71,13 @@ class NormRule(MaterializedRule):
         norm = self.module
         if self.kind == "group":
             return F.group_norm(inputs, norm.num_groups, eps=norm.eps)
+        if self.kind == "channels":  # LayerNorm2d: each position's channels of NCHW maps
+            return F.layer_norm(inputs.permute(0, 2, 3, 1), norm.normalized_shape, eps=norm.eps).permute(0, 3, 1, 2)
         return F.layer_norm(inputs, norm.normalized_shape, eps=norm.eps)
 
     def _position_dims(self, rows: Tensor) -> tuple[int, ...]:
         """The dims of ``[B, k, ...]`` grouped rows that the affine parameters broadcast over (``k`` included)."""
-        if self.kind == "group":
+        if self.kind in ("group", "channels"):
             return (1, *range(3, rows.dim()))
         return tuple(range(1, rows.dim() - len(self.module.normalized_shape)))
 

@@ -24,6 +24,8 @@ MODELS = {
     "preact_resnet8": ((3, 8, 8), {"dp_compatible": True}),
     # depthwise convolutions (kept, and dropped on the 1x1 maps), GroupNormAct with Hardswish and ReLU, squeeze-excite
     "timm/mobilenetv3_small_050": ((3, 16, 16), {}),
+    # depthwise 7x7 convolutions, LayerNorm2d, layer scale (gamma: large enough to matter)
+    "timm/convnext_atto": ((3, 32, 32), {"ls_init_value": 0.5}),
     # two members, each a GroupNorm ResNet8 with its residual blocks hooked (noise off: gamma = 0 by default)
     "residual_perturbation": ((3, 8, 8), {"base_kwargs": {"dp_compatible": True}, "ensemble_size": 2}),
 }

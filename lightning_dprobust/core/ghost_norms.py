@@ -64,7 +64,8 @@ class NormRule(MaterializedRule):
 
     @cached_property
     def kind(self) -> str:
-        """``"group"`` or ``"layer"`` (:func:`norm_kind`, read once: it runs for every call of the layer)."""
+        """``"group"``, ``"layer"`` or ``"channels"`` (:func:`norm_kind`, read once: it runs for every call of the
+        layer)."""
         return norm_kind(self.module)
 
     def _normalized(self, inputs: Tensor) -> Tensor:

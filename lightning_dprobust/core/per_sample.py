@@ -141,7 +141,14 @@ class PerExampleClipper:
     def per_example_gradients(self, batch: tuple[Tensor, ...]) -> tuple[dict[str, Tensor], Tensor]:
         """Unclipped per-example gradients ``name -> [b, *shape]`` and losses ``[b]`` of a (small) batch."""
         params = {name: p.detach() for name, p in self.trainable_parameters().items()}
-        return self._per_example_grad(params, batch)
+        return self._gradients(params, batch)
+
+    def _gradients(self, params: dict[str, Tensor], batch: tuple[Tensor, ...]) -> tuple[dict[str, Tensor], Tensor]:
+        """Per-example gradients and losses, outside autograd's graph: with ``parameter_names``, the parameters left
+        out enter the losses as they are, requiring gradient, and the gradients would otherwise record a graph
+        through them (noise could then not be added in place). ``torch.func.grad`` ignores the outer ``no_grad``."""
+        with torch.no_grad():
+            return self._per_example_grad(params, batch)
 
     def _example_loss(self, params: Mapping[str, Tensor], example: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         single = tuple(t.unsqueeze(0) for t in example)
@@ -162,7 +169,7 @@ class PerExampleClipper:
         norms, losses = [], []
         for start in range(0, size, chunk):
             part = tuple(t[start : start + chunk] for t in batch)
-            grads, part_losses = self._per_example_grad(params, part)
+            grads, part_losses = self._gradients(params, part)
             part_norms = per_example_norms(grads)
             factors = clip_factors(part_norms, self.max_grad_norm, self.clipping)
             with float32_products():

@@ -16,9 +16,11 @@ from lightning_dprobust.methods import DPSGD, DPCert
 from tests.helpers import digits, quiet_trainer
 
 
-def train(tmp_path, engine: str, method: type = DPSGD, **kwargs) -> tuple[DPCallback, torch.Tensor]:
+def train(
+    tmp_path, engine: str, method: type = DPSGD, model: str | torch.nn.Module = "cnn_tanh", **kwargs
+) -> tuple[DPCallback, torch.Tensor]:
     L.seed_everything(0, verbose=False)
-    module = method(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5, **kwargs)
+    module = method(model=model, num_classes=10, input_shape=(1, 8, 8), lr=0.5, **kwargs)
     callback = DPCallback(max_grad_norm=0.5, noise_multiplier=1.0, delta=1e-5, engine=engine, seed=0)
     quiet_trainer(tmp_path, max_steps=3, callbacks=[callback]).fit(module, digits(batch_size=64))
     return callback, torch.cat([p.detach().flatten() for p in module.parameters()])
@@ -32,6 +34,32 @@ def test_ghost_and_vmap_engines_train_to_the_same_parameters(tmp_path, method):
     assert isinstance(ghost_callback._clipper, GhostClipper)
     torch.testing.assert_close(ghost_params, vmap_params, rtol=1e-4, atol=1e-5)
     assert ghost_callback.ledger.history == vmap_callback.ledger.history
+
+
+class ScaledLogits(torch.nn.Module):
+    """A linear layer whose logits are scaled by a parameter of the module that owns the layer: ``scale`` has no
+    ghost rule, so ``engine="ghost"`` takes its per-example gradients from the vmap engine, restricted to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+        self.scale = torch.nn.Parameter(torch.ones(10))
+
+    def forward(self, x):
+        return self.linear(x.flatten(1)) * self.scale
+
+
+def test_ghost_with_a_vmap_fallback_trains_as_the_vmap_engine(tmp_path):
+    """The fallback's per-example gradients depend on the parameters it leaves out (which require gradient): they
+    must come back outside autograd's graph, or the noise cannot be added to them in place."""
+    models = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        models.append(ScaledLogits())
+    vmap_callback, vmap_params = train(tmp_path, "vmap", model=models[0])
+    ghost_callback, ghost_params = train(tmp_path, "ghost", model=models[1])
+    assert ghost_callback._clipper.fallback_names == ["model.scale"]
+    torch.testing.assert_close(ghost_params, vmap_params, rtol=1e-4, atol=1e-5)
 
 
 def test_auto_picks_ghost_for_the_cnn_and_logs_the_choice(tmp_path, caplog):

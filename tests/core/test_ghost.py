@@ -10,7 +10,7 @@ from torch import nn
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv2dRule
-from lightning_dprobust.core.ghost_layers import LinearRule, TokenRule
+from lightning_dprobust.core.ghost_layers import LayerScaleRule, LinearRule, TokenRule
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
@@ -146,7 +146,7 @@ def test_chunked_equals_unchunked():
 
 def test_rules_cover_the_registry_models_without_fallback():
     kinds = {type(rule) for model in MODELS for rule in plan_rules(build(DPSGD, model))[0]}
-    assert kinds == {LinearRule, Conv2dRule, NormRule, TokenRule}
+    assert kinds == {LinearRule, Conv2dRule, NormRule, TokenRule, LayerScaleRule}
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
 
 

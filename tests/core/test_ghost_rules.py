@@ -388,13 +388,15 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("cnn_tanh", (1, 28, 28), {}),  # MNIST: conv2 on channels-last captures
         ("timm/resnet18", (3, 8, 8), {}),
         ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+        ("timm/mobilenetv3_small_050", (3, 16, 16), {}),  # depthwise, GroupNormAct with activations
+        ("timm/convnext_atto", (3, 32, 32), {"ls_init_value": 0.5}),  # LayerNorm2d, layer scale
     ],
 )
 @pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])
 def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model, shape, kwargs, chunks, monkeypatch):
-    """No cross-example term in any rule (closed-form norms, kept / dropped / ghost convolutions, linear, tokens),
-    with per-example convolution gradients formed in cache-sized chunks or one example at a time: the other examples'
-    norms do not move when one example is replaced, and the replaced one's does."""
+    """No cross-example term in any rule (closed-form norms, kept / dropped / ghost / grouped convolutions, linear,
+    tokens, layer scale), with per-example convolution gradients formed in cache-sized chunks or one example at a
+    time: the other examples' norms do not move when one example is replaced, and the replaced one's does."""
     from lightning_dprobust.methods import DPSGD
 
     if chunks == "one_example":

@@ -25,14 +25,18 @@ and patches. On CPU a cache-sized chunk of examples is formed at a time (:data:`
 the memory of the dropped route's per-example gradients by one chunk.
 
 Grouped convolutions (``groups > 1``: depthwise ones in MobileNet, EfficientNet, ConvNeXt) are ``groups``
-convolutions side by side, each from its ``C / groups`` input channels to its ``p / groups`` output channels: their
-per-example gradients are one batched product over (example, group) pairs of each group's output gradients and
-patches, or, for depthwise layers (one input channel per group), the patches times the output gradients broadcast
-over the kernel taps, summed over the positions (MobileNetV3-Small at 32x32, batch 64, one thread, whole steps in one
-process: 0.93x [0.91-1.02] of the batched product's time; EfficientNet-B0 0.84x [0.79-0.91]). Each group's weight
-has few values (``p / groups`` by ``kh kw C / groups``: 9 per depthwise output channel for a 3x3 kernel), so they
-are always materialized (kept, or dropped where they outgrow the captures); the ghost route is for ``groups == 1``.
-The CPU product sums are one product per group.
+convolutions side by side, each from its ``C / groups`` input channels to its ``p / groups`` output channels. Each
+group's weight has few values (``p / groups`` by ``kh kw C / groups``: 9 per depthwise output channel for a 3x3
+kernel), so their per-example gradients are always materialized (kept, or dropped where they outgrow the captures;
+the ghost route is for ``groups == 1``): one batched product over (example, group) pairs of each group's output
+gradients and patches. Depthwise layers (one input channel per group) need no patches: each row's gradient is the
+correlation of its input channels with their output gradients, one depthwise convolution with a group per (row,
+channel) pair (:meth:`Conv2dRule._depthwise_correlation`), which also gives the dropped route's clipped sum; on maps
+of a single output position, where oneDNN is slow at that, a broadcast product of patches and output gradients.
+MobileNetV3-Small, EfficientNet-B0 and ConvNeXt-Atto at 32x32, batch 64, one thread, whole steps in one process: the
+broadcast product alone was 0.93x [0.91-1.02] and 0.84x [0.79-0.91] of the batched product's time on the first
+two; the depthwise convolution 0.90x [0.60-1.00] and 0.73x [0.64-1.12] of the broadcast product's on MobileNetV3
+and ConvNeXt. The CPU product sums are one product per group.
 
 Requirements (:meth:`Conv2dRule.supports`): zero padding given as numbers.
 """
@@ -193,7 +197,8 @@ class Conv2dRule(LinearRule):
         """Per-example gradients summed over ``calls`` (input, output gradient), one chunk of examples at a time."""
         rows = [group_rows(inputs, examples).shape[1] for inputs, _ in calls]  # refuses 0 examples
         per_example = sum(p.numel() for p in self.tensors().values())
-        if "weight" in self.names:  # and the example's unfolded patches (every group's)
+        unfolds = any(not self._by_depthwise_convolution(grad) for _, grad in calls)
+        if "weight" in self.names and unfolds:  # and the example's unfolded patches (every group's)
             positions = sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True))
             per_example += positions * math.prod(self.module.weight.shape[1:]) * self.module.groups
         largest = max(1, CPU_CHUNK_VALUES // per_example) if calls[0][0].device.type == "cpu" else examples
@@ -212,7 +217,10 @@ class Conv2dRule(LinearRule):
         the other), a permuted view ``[B, p, C, kh, kw]`` of the product (the patches are ordered ``(kh, kw, C)``).
         A grouped layer's product is over (example, group) pairs (:meth:`_grouped_product`)."""
         out = {}
-        if "weight" in self.names:
+        if "weight" in self.names and self._by_depthwise_convolution(grad):
+            with _convolution_precision():
+                out["weight"] = group_rows(self._depthwise_correlation(inputs, grad), examples).sum(dim=1)
+        elif "weight" in self.names:
             a = group_rows(unfold_patches(inputs, self.module), examples).flatten(1, 2)  # [B, k L, d]
             g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
             with _convolution_precision():
@@ -222,10 +230,34 @@ class Conv2dRule(LinearRule):
             out["bias"] = group_rows(grad, examples).sum(dim=(1, 3, 4))
         return out
 
+    def _by_depthwise_convolution(self, grad: Tensor) -> bool:
+        """Whether a depthwise layer's per-example gradients are one depthwise convolution (maps of more than one
+        output position: on a single one, oneDNN took 70 to 250 ms where the broadcast product takes 4 to 8)."""
+        return self.module.weight.shape[1] == 1 and self.module.groups > 1 and math.prod(grad.shape[2:]) > 1
+
+    def _depthwise_correlation(self, inputs: Tensor, grad: Tensor) -> Tensor:
+        """``[N, p, 1, kh, kw]``: a depthwise layer's weight gradient of each row, as one depthwise convolution of the
+        padded inputs by the output gradients (the layer's stride as the dilation, its dilation as the stride; each
+        (row, channel) pair a group): channel ``c`` of a row correlated with its output gradients of channels
+        ``c m .. c m + m - 1``; no patches. (Summing the rows inside the convolution instead, each channel a group of
+        all rows, was 2 to 7 times slower in oneDNN; batch 64, one thread.)"""
+        conv, (rows, channels) = self.module, inputs.shape[:2]
+        (ph, pw), (kh, kw) = conv.padding, conv.kernel_size
+        padded = torch.nn.functional.pad(inputs, (pw, pw, ph, ph))
+        correlated = torch.nn.functional.conv2d(
+            padded.reshape(1, rows * channels, *padded.shape[2:]),
+            grad.reshape(rows * conv.out_channels, 1, *grad.shape[2:]),
+            stride=conv.dilation,
+            dilation=conv.stride,
+            groups=rows * channels,
+        )
+        return correlated[..., :kh, :kw].reshape(rows, *conv.weight.shape)
+
     def _grouped_product(self, g: Tensor, a: Tensor) -> Tensor:
         """``[B, p, kh kw C_g]``: each group's output gradients ``[p / groups, k L]`` times its patches ``[k L, kh kw
         C_g]`` (the patches' channels split into ``groups`` runs of ``C_g``), for every example and group at once;
-        depthwise (``C_g = 1``) by a broadcast product summed over the positions (module docstring)."""
+        depthwise (``C_g = 1``, maps of one position) by a broadcast product summed over the positions (module
+        docstring)."""
         groups, (b, positions, _) = self.module.groups, a.shape
         taps, per_group = math.prod(self.module.kernel_size), self.module.weight.shape[1]
         if per_group == 1:  # depthwise: a broadcast product summed over the positions, no copy of the patches
@@ -268,7 +300,10 @@ class Conv2dRule(LinearRule):
             scaled = (group_rows(call.grad, factors.shape[0]) * factors.to(call.grad.dtype).view(-1, 1, 1, 1, 1)).view(
                 call.grad.shape
             )
-            if _sums_by_product(call):
+            if mask[0] and self._by_depthwise_convolution(call.grad):
+                weight = self._depthwise_correlation(call.inputs, scaled).sum(dim=0)
+                bias = scaled.sum(dim=(0, 2, 3)) if mask[1] else None
+            elif _sums_by_product(call):
                 weight, bias = self._product_sum(scaled, call.inputs, mask)
             else:
                 weight, bias = self._weight_grad(scaled, call.inputs, mask)

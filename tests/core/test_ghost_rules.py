@@ -213,6 +213,7 @@ CONVS = {
     ),
     "grouped_dropped": (lambda: nn.Conv2d(8, 16, 3, padding=1, groups=2, bias=False), 2, "dropped"),
     "depthwise_multiplier_dropped": (lambda: nn.Conv2d(8, 16, 3, padding=1, groups=8), 1, "dropped"),
+    "depthwise_multiplier_dropped_2x2": (lambda: nn.Conv2d(4, 8, 5, stride=(1, 2), padding=2, groups=4), 2, "dropped"),
 }
 
 

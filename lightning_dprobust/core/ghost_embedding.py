@@ -38,10 +38,6 @@ class EmbeddingRule(LayerRule):
     def supports(embedding: nn.Embedding) -> bool:
         return embedding.max_norm is None and not embedding.scale_grad_by_freq
 
-    def reset(self) -> None:
-        super().reset()
-        self._cache = None  # a step that failed between the norms and the sum must not leave its rows to the next
-
     def _keyed_positions(self, examples: int) -> tuple[Tensor, Tensor]:
         """``example * vocabulary + token`` of every position ``[M]`` and its output gradient ``[M, dim]``, without
         the positions holding ``padding_idx``. An example's rows (its views) and its calls are its positions."""

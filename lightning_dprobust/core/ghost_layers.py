@@ -104,14 +104,17 @@ class LayerRule:
     calls: list[Capture] = field(default_factory=list)
     start: int = -1
     streamed: dict[str, Tensor] | None = None
+    _cache = None
+    """What a rule keeps from :meth:`sq_norms` to :meth:`clipped_sum` (rules that keep no per-example gradients)."""
 
     def tensors(self) -> dict[str, Tensor]:
         """Local parameter name -> parameter, for the trainable parameters this rule covers."""
         return {local: getattr(self.module, local) for local in self.names}
 
     def reset(self) -> None:
-        """Forget the calls and streamed gradients of the last forward."""
-        self.calls, self.streamed = [], None
+        """Forget the calls, streamed gradients and cache of the last forward (a step that failed between the norms
+        and the sum must not leave its cache to the next)."""
+        self.calls, self.streamed, self._cache = [], None, None
 
     def prefers_streaming(self, examples: int) -> bool:
         """Whether forming this forward's per-example gradients during the backward frees memory (they fit in the
@@ -172,10 +175,6 @@ class LinearRule(LayerRule):
     _cache: tuple[Tensor, Tensor] | None = None
     """``(inputs [B, T, d], output gradients [B, T, p])`` of every position, from :meth:`sq_norms` to
     :meth:`clipped_sum`."""
-
-    def reset(self) -> None:
-        super().reset()
-        self._cache = None  # a step that failed between the two must not leave its positions to the next
 
     def _positions(self, examples: int) -> tuple[Tensor, Tensor]:
         acts, grads = [], []

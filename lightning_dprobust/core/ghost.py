@@ -44,11 +44,10 @@ from collections.abc import Collection
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.graph import get_gradient_edge
 
 from lightning_dprobust.core.ghost_conv import Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
-from lightning_dprobust.core.ghost_graph import reaches, sequence_marker, stray_rules
+from lightning_dprobust.core.ghost_graph import reaches, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
     LayerRule,
@@ -134,77 +133,6 @@ def plan_rules(module: nn.Module, parameter_names: Collection[str] | None = None
         else:
             rules.append(rule)
     return rules, leftover
-
-
-def _output_edge(differentiated: Tensor) -> tuple[object, torch.Size]:
-    """The gradient edge of a layer's output as it is now (an in-place op later gives the tensor a new one), and its
-    shape."""
-    if not differentiated.requires_grad:
-        raise RuntimeError("the ghost engine needs gradients enabled in the forward pass of the per-example loss")
-    return get_gradient_edge(differentiated), differentiated.shape
-
-
-def _capture(rule: LayerRule, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
-    rule.calls.append(Capture(tensor.detach(), tensor._version, *output, rule.start))
-
-
-def _mark(rule: LayerRule) -> None:
-    rule.start = sequence_marker()
-
-
-def _hooks_for(rule: LayerRule) -> list[tuple[nn.Module, bool, object]]:
-    """``(module, is_pre_hook, hook)``: where a call of the rule starts (a sequence marker) and where it is captured."""
-    if isinstance(rule, TokenRule):
-        vit = rule.module
-        return [
-            (vit.patch_embed, False, lambda *_: _mark(rule)),
-            (vit.pos_drop, False, lambda mod, args, kwargs, out: _capture(rule, args[0], _output_edge(args[0]))),
-        ]
-    if isinstance(rule, LayerScaleRule):
-        return _layer_scale_hooks(rule)
-
-    inner = rule.affine_output_of if isinstance(rule, NormRule) else None
-    inner_inputs: list[tuple[object, torch.Size]] = []  # the inner module's input edges, in a call of rule.module
-
-    def start_call(*_) -> None:
-        _mark(rule)
-        inner_inputs.clear()
-
-    def capture_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
-        if kwargs or len(args) != 1 or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
-            raise RuntimeError(
-                f"{type(mod).__name__} was called with {len(args)} positional and {len(kwargs)} keyword arguments "
-                "or returned a non-tensor: the ghost engine needs one tensor in and one out; use engine='vmap'"
-            )
-        if inner is not None and len(inner_inputs) != 1:
-            raise RuntimeError(
-                f"{type(mod).__name__} called its {type(inner).__name__} {len(inner_inputs)} times, not once: the "
-                "ghost engine captures the affine map's output there; use engine='vmap'"
-            )
-        _capture(rule, args[0], inner_inputs.pop() if inner is not None else _output_edge(out))
-
-    hooks = [(rule.module, True, start_call), (rule.module, False, capture_call)]
-    if inner is not None:  # the edge is taken before the activation runs: in place, it would replace the edge
-        hooks.append((inner, True, lambda mod, args, kwargs: inner_inputs.append(_output_edge(args[0]))))
-    return hooks
-
-
-def _layer_scale_hooks(rule: LayerScaleRule) -> list[tuple[nn.Module, bool, object]]:
-    """ConvNeXt's ``gamma``: the MLP output of each call of the block (``NCHW``), and the gradient edge at
-    ``drop_path``'s input, the product of the two."""
-    block, outputs = rule.module, []
-
-    def start_call(*_) -> None:
-        _mark(rule)
-        outputs.clear()
-
-    def mlp_output(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
-        outputs.append(out if block.use_conv_mlp else out.permute(0, 3, 1, 2))
-
-    def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-        _capture(rule, outputs.pop(), _output_edge(args[0]))
-
-    return [(block, True, start_call), (block.mlp, False, mlp_output), (block.drop_path, True, scaled)]
 
 
 def _runs_no_layer(node: object) -> bool:
@@ -453,7 +381,7 @@ class GhostClipper:
         handles = []
         try:
             for rule in self.rules:
-                for target, pre, hook in _hooks_for(rule):
+                for target, pre, hook in rule.capture_hooks():
                     register = target.register_forward_pre_hook if pre else target.register_forward_hook
                     handles.append(register(hook, with_kwargs=True))
             yield

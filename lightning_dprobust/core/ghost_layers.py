@@ -23,11 +23,18 @@ Convolutions (``core/ghost_conv.py``) and GroupNorm / LayerNorm (``core/ghost_no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
 from torch.func import functional_call, vjp, vmap
+
+from lightning_dprobust.core.ghost_graph import sequence_marker
+
+Hook = tuple[nn.Module, bool, Callable[..., None]]
+"""``(module, is_pre_hook, hook)``: a forward hook (registered ``with_kwargs``) that captures part of a layer call."""
 
 
 @dataclass
@@ -53,6 +60,24 @@ class Capture:
                 "a layer's input was modified in place after the layer used it, so the captured activations are "
                 "stale: make the model out-of-place (models.make_dp_compatible) or use engine='vmap'"
             )
+
+
+def output_edge(differentiated: Tensor) -> tuple[object, torch.Size]:
+    """The gradient edge of a layer's output as it is now (an in-place op later gives the tensor a new one), and its
+    shape."""
+    if not differentiated.requires_grad:
+        raise RuntimeError("the ghost engine needs gradients enabled in the forward pass of the per-example loss")
+    return get_gradient_edge(differentiated), differentiated.shape
+
+
+def one_tensor_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> Tensor:
+    """The input of a call that took one tensor and returned one, or a clear error."""
+    if kwargs or len(args) != 1 or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
+        raise RuntimeError(
+            f"{type(mod).__name__} was called with {len(args)} positional and {len(kwargs)} keyword arguments "
+            "or returned a non-tensor: the ghost engine needs one tensor in and one out; use engine='vmap'"
+        )
+    return args[0]
 
 
 def squared_norms(per_example: Tensor) -> Tensor:
@@ -110,6 +135,24 @@ class LayerRule:
     def tensors(self) -> dict[str, Tensor]:
         """Local parameter name -> parameter, for the trainable parameters this rule covers."""
         return {local: getattr(self.module, local) for local in self.names}
+
+    def capture_hooks(self) -> list[Hook]:
+        """The forward hooks that capture this rule's calls: a pre-hook on the layer marks where a call starts
+        (:meth:`start_call`), a hook after it captures the call's input and its output's gradient edge
+        (:meth:`capture`). Rules whose parameters act inside a larger module capture elsewhere (ViT tokens, layer
+        scale, activated norms)."""
+        return [(self.module, True, self.start_call), (self.module, False, self._capture_call)]
+
+    def start_call(self, *_) -> None:
+        """Mark where a call starts: the nodes it creates are numbered after this (``core/ghost_graph.py``)."""
+        self.start = sequence_marker()
+
+    def capture(self, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
+        """Record one call: the tensor the rule differentiates at and its output's :func:`output_edge`."""
+        self.calls.append(Capture(tensor.detach(), tensor._version, *output, self.start))
+
+    def _capture_call(self, mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
+        self.capture(one_tensor_call(mod, args, kwargs, out), output_edge(out))
 
     def reset(self) -> None:
         """Forget the calls, streamed gradients and cache of the last forward (a step that failed between the norms
@@ -287,6 +330,14 @@ class TokenRule(MaterializedRule):
             and isinstance(getattr(vit, "patch_embed", None), nn.Module)
         )
 
+    def capture_hooks(self) -> list[Hook]:
+        """A call starts after ``patch_embed`` and is captured at ``pos_drop``'s input, the tokens' output."""
+
+        def capture(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+            self.capture(args[0], output_edge(args[0]))
+
+        return [(self.module.patch_embed, False, self.start_call), (self.module.pos_drop, False, capture)]
+
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         g = group_rows(grad, examples).sum(dim=1)
         vit = self.module
@@ -316,6 +367,23 @@ class LayerScaleRule(MaterializedRule):
             and getattr(block, "gamma", None) is not None
             and all(isinstance(getattr(block, name, None), nn.Module) for name in ("mlp", "drop_path"))
         )
+
+    def capture_hooks(self) -> list[Hook]:
+        """The MLP output of each call of the block (``NCHW``) and the gradient edge at ``drop_path``'s input, the
+        product of the two."""
+        block, outputs = self.module, []
+
+        def start_call(*_) -> None:
+            self.start_call()
+            outputs.clear()
+
+        def mlp_output(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+            outputs.append(out if block.use_conv_mlp else out.permute(0, 3, 1, 2))
+
+        def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+            self.capture(outputs.pop(), output_edge(args[0]))
+
+        return [(block, True, start_call), (block.mlp, False, mlp_output), (block.drop_path, True, scaled)]
 
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         return {"gamma": (group_rows(grad, examples) * group_rows(inputs, examples)).sum(dim=(1, 3, 4))}

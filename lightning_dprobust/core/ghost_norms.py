@@ -27,7 +27,7 @@ from functools import cached_property
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import MaterializedRule, group_rows
+from lightning_dprobust.core.ghost_layers import Hook, MaterializedRule, group_rows, one_tensor_call, output_edge
 
 
 def _exact_types() -> dict[type, str]:
@@ -61,6 +61,33 @@ class NormRule(MaterializedRule):
         from timm.layers import GroupNormAct
 
         return self.module.drop if type(self.module) is GroupNormAct else None
+
+    def capture_hooks(self) -> list[Hook]:
+        """As any layer's, except that a ``GroupNormAct``'s output gradient edge is taken at its
+        :attr:`affine_output_of` module's input, in a pre-hook: before an in-place activation could give the tensor a
+        new edge."""
+        inner = self.affine_output_of
+        if inner is None:
+            return super().capture_hooks()
+        edges: list[tuple[object, object]] = []  # the inner module's input edges, in a call of the layer
+
+        def start_call(*_) -> None:
+            self.start_call()
+            edges.clear()
+
+        def capture_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
+            inputs = one_tensor_call(mod, args, kwargs, out)
+            if len(edges) != 1:
+                raise RuntimeError(
+                    f"{type(mod).__name__} called its {type(inner).__name__} {len(edges)} times, not once: the "
+                    "ghost engine captures the affine map's output there; use engine='vmap'"
+                )
+            self.capture(inputs, edges.pop())
+
+        def inner_input(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+            edges.append(output_edge(args[0]))
+
+        return [(self.module, True, start_call), (self.module, False, capture_call), (inner, True, inner_input)]
 
     @cached_property
     def kind(self) -> str:

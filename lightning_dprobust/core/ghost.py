@@ -45,7 +45,7 @@ from collections.abc import Collection
 import torch
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_conv import Conv2dRule
+from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_graph import reaches, stray_rules
 from lightning_dprobust.core.ghost_layers import (
@@ -56,6 +56,7 @@ from lightning_dprobust.core.ghost_layers import (
     MaterializedRule,
     TokenRule,
     example_rows,
+    runs_forward_of,
     split_rows,
 )
 from lightning_dprobust.core.ghost_norms import NormRule
@@ -87,11 +88,13 @@ def _is_stochastic(module: nn.Module) -> bool:
 
 def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
     """The rule for a module's own trainable parameters (``local -> full name``), or ``None`` (vmap fallback)."""
-    if isinstance(module, nn.Linear):
+    if runs_forward_of(module, nn.Linear):
         return LinearRule(module, names)
-    if isinstance(module, nn.Conv2d) and Conv2dRule.supports(module):
+    if runs_forward_of(module, nn.Conv2d) and Conv2dRule.supports(module):
         return Conv2dRule(module, names)
-    if isinstance(module, nn.Embedding) and EmbeddingRule.supports(module):
+    if runs_forward_of(module, nn.Conv1d) and Conv1dRule.supports(module):
+        return Conv1dRule(module, names)
+    if runs_forward_of(module, nn.Embedding) and EmbeddingRule.supports(module):
         return EmbeddingRule(module, names)
     if set(names) == {"gamma"} and LayerScaleRule.supports(module):
         return LayerScaleRule(module, names)
@@ -372,7 +375,7 @@ class GhostClipper:
         with _stream_hooks(streamed, examples):
             grads = torch.autograd.grad(losses.sum(), [call.edge for call in calls], allow_unused=True) if calls else []
         for call, grad in zip(calls, grads, strict=True):
-            call.grad = grad if grad is not None else call.inputs.new_zeros(call.shape)
+            call.grad = grad.view(call.shape) if grad is not None else call.inputs.new_zeros(call.shape)
             call.check_unchanged()
         return losses.detach()
 

@@ -38,13 +38,18 @@ broadcast product alone was 0.93x [0.91-1.02] and 0.84x [0.79-0.91] of the batch
 two; the depthwise convolution 0.90x [0.60-1.00] and 0.73x [0.64-1.12] of the broadcast product's on MobileNetV3
 and ConvNeXt. The CPU product sums are one product per group.
 
-Requirements (:meth:`Conv2dRule.supports`): zero padding given as numbers.
+``nn.Conv1d`` layers are convolutions over maps of height 1 (:class:`Conv1dRule`), by the same routes.
+
+Requirements (:meth:`Conv2dRule.supports`): zero padding given as numbers, and the layer's own class's forward
+(``ghost_layers.runs_forward_of``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor, nn
@@ -160,6 +165,11 @@ class Conv2dRule(LinearRule):
 
     _keeps: bool | None = None
 
+    @property
+    def conv(self) -> nn.Conv2d:
+        """The layer's geometry and weight as a ``nn.Conv2d``'s (:class:`Conv1dRule`: its ``nn.Conv1d`` read so)."""
+        return self.module
+
     @staticmethod
     def supports(conv: nn.Conv2d) -> bool:
         return conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
@@ -170,7 +180,7 @@ class Conv2dRule(LinearRule):
 
     # ------------------------------------------------------------------------------------ choice of route
     def _materializes(self, examples: int) -> bool:
-        conv = self.module
+        conv = self.conv
         if "weight" not in self.names or conv.groups > 1:
             return True  # bias only (a sum of output gradients), or a grouped weight (the module docstring)
         d, p = math.prod(conv.weight.shape[1:]), conv.out_channels
@@ -200,7 +210,7 @@ class Conv2dRule(LinearRule):
         unfolds = any(not self._by_depthwise_convolution(grad) for _, grad in calls)
         if "weight" in self.names and unfolds:  # and the example's unfolded patches (every group's)
             positions = sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True))
-            per_example += positions * math.prod(self.module.weight.shape[1:]) * self.module.groups
+            per_example += positions * math.prod(self.conv.weight.shape[1:]) * self.conv.groups
         largest = max(1, CPU_CHUNK_VALUES // per_example) if calls[0][0].device.type == "cpu" else examples
         size = math.ceil(examples / math.ceil(examples / largest))  # chunks of equal size
         for start in range(0, examples, size):
@@ -221,11 +231,11 @@ class Conv2dRule(LinearRule):
             with _convolution_precision():
                 out["weight"] = group_rows(self._depthwise_correlation(inputs, grad), examples).sum(dim=1)
         elif "weight" in self.names:
-            a = group_rows(unfold_patches(inputs, self.module), examples).flatten(1, 2)  # [B, k L, d]
+            a = group_rows(unfold_patches(inputs, self.conv), examples).flatten(1, 2)  # [B, k L, d]
             g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
             with _convolution_precision():
-                product = torch.bmm(g, a) if self.module.groups == 1 else self._grouped_product(g, a)
-                out["weight"] = _channels_first(product, self.module)
+                product = torch.bmm(g, a) if self.conv.groups == 1 else self._grouped_product(g, a)
+                out["weight"] = _channels_first(product, self.conv)
         if "bias" in self.names:
             out["bias"] = group_rows(grad, examples).sum(dim=(1, 3, 4))
         return out
@@ -233,7 +243,7 @@ class Conv2dRule(LinearRule):
     def _by_depthwise_convolution(self, grad: Tensor) -> bool:
         """Whether a depthwise layer's per-example gradients are one depthwise convolution (maps of more than one
         output position: on a single one, oneDNN took 70 to 250 ms where the broadcast product takes 4 to 8)."""
-        return self.module.weight.shape[1] == 1 and self.module.groups > 1 and math.prod(grad.shape[2:]) > 1
+        return self.conv.weight.shape[1] == 1 and self.conv.groups > 1 and math.prod(grad.shape[2:]) > 1
 
     def _depthwise_correlation(self, inputs: Tensor, grad: Tensor) -> Tensor:
         """``[N, p, 1, kh, kw]``: a depthwise layer's weight gradient of each row, as one depthwise convolution of the
@@ -241,7 +251,7 @@ class Conv2dRule(LinearRule):
         (row, channel) pair a group): channel ``c`` of a row correlated with its output gradients of channels
         ``c m .. c m + m - 1``; no patches. (Summing the rows inside the convolution instead, each channel a group of
         all rows, was 2 to 7 times slower in oneDNN; batch 64, one thread.)"""
-        conv, (rows, channels) = self.module, inputs.shape[:2]
+        conv, (rows, channels) = self.conv, inputs.shape[:2]
         (ph, pw), (kh, kw) = conv.padding, conv.kernel_size
         padded = torch.nn.functional.pad(inputs, (pw, pw, ph, ph))
         correlated = torch.nn.functional.conv2d(
@@ -258,8 +268,8 @@ class Conv2dRule(LinearRule):
         C_g]`` (the patches' channels split into ``groups`` runs of ``C_g``), for every example and group at once;
         depthwise (``C_g = 1``, maps of one position) by a broadcast product summed over the positions (module
         docstring)."""
-        groups, (b, positions, _) = self.module.groups, a.shape
-        taps, per_group = math.prod(self.module.kernel_size), self.module.weight.shape[1]
+        groups, (b, positions, _) = self.conv.groups, a.shape
+        taps, per_group = math.prod(self.conv.kernel_size), self.conv.weight.shape[1]
         if per_group == 1:  # depthwise: a broadcast product summed over the positions, no copy of the patches
             multiplier = g.shape[1] // groups
             g = g.view(b, groups, multiplier, positions).permute(0, 3, 1, 2).unsqueeze(2)  # [B, L, 1, groups, m]
@@ -288,7 +298,7 @@ class Conv2dRule(LinearRule):
         return patches.device.type == "cpu" and patches.numel() <= CPU_HELD_PATCHES * captures
 
     def _rows(self, call: Capture) -> tuple[Tensor, Tensor]:
-        return unfold_patches(call.inputs, self.module), call.grad.flatten(2).transpose(1, 2)
+        return unfold_patches(call.inputs, self.conv), call.grad.flatten(2).transpose(1, 2)
 
     def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
         if self._cache is not None:
@@ -318,7 +328,7 @@ class Conv2dRule(LinearRule):
         Whichever is smaller, the patches or the product ``[p, d]``, is copied into the weight's ``(C, kh, kw)`` order
         (ResNet-18's last stage, 1x1 maps, batch 64: 64 rows of patches against a 512-row product whose copy took
         longer than the product)."""
-        conv = self.module
+        conv = self.conv
         if rows.shape[0] < conv.out_channels:
             return (rows.T @ _channels_first(patches, conv).reshape(patches.shape)).view(conv.weight.shape)
         return _channels_first(rows.T @ patches, conv).contiguous()
@@ -328,7 +338,7 @@ class Conv2dRule(LinearRule):
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(weight, bias)`` gradients (``mask`` says which) summed over the batch dim, the weight's as one matrix
         product of the output gradients and the unfolded inputs of every row and position (one per group)."""
-        conv, weight = self.module, None
+        conv, weight = self.conv, None
         if mask[0] and conv.groups > 1:  # every row's positions as the positions of one example
             patches = unfold_patches(inputs, conv).flatten(0, 1).unsqueeze(0)  # [1, N L, d]
             rows = grad.flatten(2).transpose(0, 1).reshape(1, conv.out_channels, -1)  # [1, p, N L]
@@ -342,7 +352,7 @@ class Conv2dRule(LinearRule):
         self, grad: Tensor, inputs: Tensor, mask: tuple[bool, bool]
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(weight, bias)`` gradients of the convolution (``mask`` says which) summed over the batch dim."""
-        conv = self.module
+        conv = self.conv
         _, w, b = torch.ops.aten.convolution_backward(
             grad,
             inputs,
@@ -357,3 +367,71 @@ class Conv2dRule(LinearRule):
             [False, *mask],
         )
         return w, b
+
+
+@dataclass(frozen=True)
+class _HeightOneConv:
+    """A ``nn.Conv1d`` read as a ``nn.Conv2d`` over maps of height 1: what :class:`Conv2dRule` reads of its layer,
+    with a leading 1 in the kernel, stride and dilation, 0 in the padding, and the weight as a ``[p, C, 1, k]`` view."""
+
+    conv1d: nn.Conv1d
+
+    @property
+    def weight(self) -> Tensor:
+        return self.conv1d.weight.unsqueeze(2)
+
+    @property
+    def kernel_size(self) -> tuple[int, int]:
+        return (1, *self.conv1d.kernel_size)
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        return (0, *self.conv1d.padding)
+
+    @property
+    def stride(self) -> tuple[int, int]:
+        return (1, *self.conv1d.stride)
+
+    @property
+    def dilation(self) -> tuple[int, int]:
+        return (1, *self.conv1d.dilation)
+
+    @property
+    def groups(self) -> int:
+        return self.conv1d.groups
+
+    @property
+    def out_channels(self) -> int:
+        return self.conv1d.out_channels
+
+
+class Conv1dRule(Conv2dRule):
+    """``nn.Conv1d`` (sequence models; ECA channel attention, Wang et al. 2020, arXiv 1910.03151, in timm's
+    ``eca_*`` models): a ``nn.Conv2d`` over maps of height 1, by the same three routes (module docstring). Its inputs
+    ``[N, C, L]`` are captured as ``[N, C, 1, L]`` views and its output gradients read as ``[N, p, 1, L']``; its
+    per-example gradients and clipped sums are returned in its weight's own ``[p, C, k]`` shape."""
+
+    @cached_property
+    def conv(self) -> _HeightOneConv:
+        return _HeightOneConv(self.module)
+
+    def capture(self, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
+        if tensor.dim() != 3:
+            raise RuntimeError(
+                f"a Conv1d saw a {tensor.dim()}-D input: the ghost engine needs batched [N, C, L] inputs; use "
+                "DPCallback(engine='vmap') for convolutions called on single sequences"
+            )
+        edge, (rows, channels, length) = output
+        super().capture(tensor.unsqueeze(2), (edge, torch.Size((rows, channels, 1, length))))
+
+    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        out = super().call_gradients(inputs, grad, examples)
+        if "weight" in out:
+            out["weight"] = out["weight"].squeeze(3)  # [B, p, C, 1, k] -> [B, p, C, k]
+        return out
+
+    def clipped_sum(self, factors: Tensor) -> dict[str, Tensor]:
+        out = super().clipped_sum(factors)
+        if "weight" in self.names:
+            out[self.names["weight"]] = out[self.names["weight"]].squeeze(2)
+        return out

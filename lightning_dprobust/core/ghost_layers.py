@@ -41,9 +41,11 @@ Hook = tuple[nn.Module, bool, Callable[..., None]]
 class Capture:
     """One call of a layer: its input (or the tensor a rule differentiates at), the output edge and its gradient.
 
-    ``start`` is an autograd sequence number taken just before the call (``core/ghost_graph.py``): the nodes the call
-    created are those numbered in ``(start, edge.node's number]``. A streamed call (:meth:`LayerRule.stream`) drops
-    its input once its per-example gradients are formed and never holds its output gradient.
+    ``shape`` is the shape the rule reads the output gradient in: the output's, or a view of it (a ``nn.Conv1d``'s
+    as maps of height 1). ``start`` is an autograd sequence number taken just before the call
+    (``core/ghost_graph.py``): the nodes the call created are those numbered in ``(start, edge.node's number]``. A
+    streamed call (:meth:`LayerRule.stream`) drops its input once its per-example gradients are formed and never
+    holds its output gradient.
     """
 
     inputs: Tensor | None
@@ -78,6 +80,30 @@ def one_tensor_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> T
             "or returned a non-tensor: the ghost engine needs one tensor in and one out; use engine='vmap'"
         )
     return args[0]
+
+
+def runs_forward_of(module: nn.Module, base: type[nn.Module]) -> bool:
+    """Whether ``module`` is a ``base`` that computes what ``base`` computes: its class keeps ``base``'s ``forward``
+    (and a convolution's ``_conv_forward``). A subclass may not (timm's ``StdConv2d`` standardizes its weight,
+    ``Conv2dSame`` pads its input, a weight-dropout layer masks its weight in training mode only), and a closed-form
+    rule would then compute another layer's gradients; such a module gets the generic rule. Classes read to compute
+    ``base``'s map with a forward of their own are accepted by exact type (:func:`_same_map_as`)."""
+    kind = type(module)
+    if kind in _same_map_as(base):
+        return True
+    return (
+        isinstance(module, base)
+        and kind.forward is base.forward
+        and getattr(kind, "_conv_forward", None) is getattr(base, "_conv_forward", None)
+    )
+
+
+def _same_map_as(base: type[nn.Module]) -> tuple[type, ...]:
+    """Classes whose own ``forward`` computes ``base``'s map: timm's ``Linear`` (MobileNetV3's classifier), which is
+    ``F.linear(input, weight, bias)`` outside TorchScript."""
+    from timm.layers import Linear
+
+    return (Linear,) if base is nn.Linear else ()
 
 
 def squared_norms(per_example: Tensor) -> Tensor:
@@ -180,7 +206,7 @@ class LayerRule:
         :attr:`streamed` and drops the call's input, so neither the input nor the output gradient outlives it."""
         call.check_unchanged()
         if grad is not None:
-            grads = self.call_gradients(call.inputs, grad, examples)
+            grads = self.call_gradients(call.inputs, grad.view(call.shape), examples)
             total = self.streamed or {}
             self.streamed = {k: total[k] + v if k in total else v for k, v in grads.items()}
         call.inputs = None

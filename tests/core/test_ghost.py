@@ -9,14 +9,14 @@ from torch import nn
 
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
-from lightning_dprobust.core.ghost_conv import Conv2dRule
+from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_layers import LayerScaleRule, LinearRule, TokenRule
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
 from lightning_dprobust.robustness.attacks import build_attack
 
-MODELS = {
+MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     "cnn_tanh": ((1, 14, 14), {}),
     "mlp_tanh": ((1, 8, 8), {}),
     "timm/resnet18": ((3, 8, 8), {}),
@@ -26,6 +26,8 @@ MODELS = {
     "timm/mobilenetv3_small_050": ((3, 16, 16), {}),
     # depthwise 7x7 convolutions, LayerNorm2d, layer scale (gamma: large enough to matter)
     "timm/convnext_atto": ((3, 32, 32), {"ls_init_value": 0.5}),
+    # ECA attention: a Conv1d across each block's pooled channels (a variant of the registry's timm/resnet18)
+    "timm/resnet18+eca": ((3, 8, 8), {"block_args": {"attn_layer": "eca"}}),
     # two members, each a GroupNorm ResNet8 with its residual blocks hooked (noise off: gamma = 0 by default)
     "residual_perturbation": ((3, 8, 8), {"base_kwargs": {"dp_compatible": True}, "ensemble_size": 2}),
 }
@@ -44,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("double_precision")
 def build(method: type, model: str, **kwargs) -> nn.Module:
     torch.manual_seed(0)
     shape, model_kwargs = MODELS[model]
-    return method(model=model, num_classes=10, input_shape=shape, model_kwargs=model_kwargs, **kwargs)
+    return method(model=model.partition("+")[0], num_classes=10, input_shape=shape, model_kwargs=model_kwargs, **kwargs)
 
 
 def images(module: nn.Module, size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,7 +148,7 @@ def test_chunked_equals_unchunked():
 
 def test_rules_cover_the_registry_models_without_fallback():
     kinds = {type(rule) for model in MODELS for rule in plan_rules(build(DPSGD, model))[0]}
-    assert kinds == {LinearRule, Conv2dRule, NormRule, TokenRule, LayerScaleRule}
+    assert kinds == {LinearRule, Conv2dRule, Conv1dRule, NormRule, TokenRule, LayerScaleRule}
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
 
 

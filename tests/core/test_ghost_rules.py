@@ -12,7 +12,7 @@ from torch import nn
 from lightning_dprobust import models
 from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
-from lightning_dprobust.core.ghost_conv import Conv2dRule
+from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_layers import (
     LinearRule,
@@ -296,6 +296,101 @@ def _assert_ghost_equals_vmap(module: nn.Module, inputs: tuple[torch.Tensor, ...
         torch.testing.assert_close(actual.grads[full], expected, rtol=1e-10, atol=1e-12)
 
 
+class Sequences(nn.Module):
+    """A ``nn.Conv1d`` called ``calls`` times on each row's ``[C, H, W]`` image read as a sequence ``[C, H W]``, then a
+    linear head."""
+
+    def __init__(self, conv: nn.Conv1d, size: int, calls: int = 1):
+        super().__init__()
+        self.conv, self.calls = conv, calls
+        out = torch.zeros(1, conv.in_channels, size * size)
+        for _ in range(calls):
+            out = conv(out)
+        self.head = nn.Linear(out[0].numel(), 3)
+
+    def forward(self, x):
+        h = x.flatten(2)
+        for _ in range(self.calls):
+            h = torch.tanh(self.conv(h))
+        return self.head(h.flatten(1))
+
+
+# (conv, image size (sequence length: its square), route), as CONVS
+CONV1DS = {
+    "ghost": (lambda: nn.Conv1d(16, 64, 3, stride=2, padding=1), 4, "ghost"),
+    "kept": (lambda: nn.Conv1d(1, 2, 5, padding=2), 6, "kept"),
+    "kept_strided_dilated": (lambda: nn.Conv1d(3, 4, 3, stride=2, padding=2, dilation=2), 5, "kept"),
+    "dropped": (lambda: nn.Conv1d(16, 16, 3, padding=1), 4, "dropped"),
+    "depthwise_multiplier": (lambda: nn.Conv1d(4, 8, 3, padding=1, groups=4), 3, "kept"),
+    "eca": (lambda: nn.Conv1d(1, 1, 3, padding=1, bias=False), 4, "kept"),  # timm's EcaModule
+}
+
+
+@pytest.mark.parametrize("name", list(CONV1DS))
+@pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("kernels", ["cpu", "one_example_chunks", "product_sums", "convolution_sums"])
+def test_each_conv1d_route_equals_the_vmap_engine(name, views, calls, kernels, monkeypatch):
+    """A ``nn.Conv1d`` runs the convolution rule on height-1 maps; its gradients come back in its own weight shape."""
+    build, size, route = CONV1DS[name]
+    torch.manual_seed(0)
+    conv = build()
+    if calls == 2 and conv.in_channels != conv.out_channels:
+        conv = nn.Conv1d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
+    if kernels == "one_example_chunks":
+        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
+    if kernels.endswith("sums"):
+        monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
+        monkeypatch.setattr(ghost_conv, "CPU_HELD_PATCHES", 0)
+    module = Wrapper(Sequences(conv, size, calls), views)
+    generator = torch.Generator().manual_seed(2)
+    inputs = (torch.randn(5, conv.in_channels, size, size, generator=generator), torch.randint(0, 3, (5,)))
+    if calls == 1 and views == 1:
+        probe = GhostClipper(module, "per_example_loss", 1.0)
+        probe._output_gradients(inputs)
+        rule = next(rule for rule in probe.rules if isinstance(rule, Conv1dRule))
+        assert _route(rule, 5) == route
+    _assert_ghost_equals_vmap(module, inputs)
+
+
+def test_an_unbatched_conv1d_call_is_refused_with_a_clear_error():
+    conv = nn.Conv1d(2, 3, 3)
+    module = Wrapper(nn.Sequential(nn.Flatten(2), nn.Flatten(0, 1), conv, nn.Flatten(0), nn.LazyLinear(3)), 1)
+    with pytest.raises(RuntimeError, match="2-D input.*batched \\[N, C, L\\].*engine='vmap'"):
+        GhostClipper(module, "per_example_loss", 1.0)((torch.randn(1, 2, 3, 3), torch.zeros(1, dtype=torch.long)))
+
+
+class _ScaledInTraining(nn.Linear):
+    """A ``nn.Linear`` whose forward differs from ``nn.Linear``'s in training mode only (as weight dropout's would):
+    the first step's check against the vmap engine runs in eval mode and cannot see it."""
+
+    def forward(self, x):
+        return F.linear(x, 2 * self.weight if self.training else self.weight, self.bias)
+
+
+def _subclasses() -> dict[str, nn.Module]:
+    from timm.layers import Conv2dSame, StdConv2d
+
+    return {
+        "std_conv": Convs(StdConv2d(3, 4, 3, padding=1), 5),  # standardizes its weight
+        "same_conv": Convs(Conv2dSame(3, 4, 3, stride=2), 5),  # pads its input itself
+        "scaled_linear": Tokens(_ScaledInTraining(3, 4), 3),
+    }
+
+
+@pytest.mark.parametrize("name", ["std_conv", "same_conv", "scaled_linear"])
+def test_layer_subclasses_with_their_own_forward_get_the_generic_rule_and_stay_exact(name):
+    """A closed-form rule computes the gradients of its base class's forward; a subclass that overrides it gets the
+    generic rule (a vmap of the module itself), in training mode too."""
+    torch.manual_seed(0)
+    net = _subclasses()[name]
+    layer = net.conv if hasattr(net, "conv") else net.linear
+    rules, _ = plan_rules(net)
+    assert type(next(rule for rule in rules if rule.module is layer)) is MaterializedRule
+    module = Wrapper(net, 1).train()
+    shape = (5, 3, 5, 5) if hasattr(net, "conv") else (5, 1, 3, 3)
+    _assert_ghost_equals_vmap(module, (torch.randn(shape), torch.randint(0, 3, (5,))))
+
+
 class Tokens(nn.Module):
     """A linear layer on ``tokens`` positions per row (as a transformer's token-wise layers), then a linear head."""
 
@@ -391,6 +486,7 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
         ("timm/mobilenetv3_small_050", (3, 16, 16), {}),  # depthwise, GroupNormAct with activations
         ("timm/convnext_atto", (3, 32, 32), {"ls_init_value": 0.5}),  # LayerNorm2d, layer scale
+        ("timm/resnet18", (3, 8, 8), {"block_args": {"attn_layer": "eca"}}),  # ECA's Conv1d across the channels
     ],
 )
 @pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])

@@ -44,6 +44,7 @@ from collections.abc import Collection
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.parametrize import ParametrizationList
 
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
@@ -87,21 +88,29 @@ def _is_stochastic(module: nn.Module) -> bool:
 
 
 def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
-    """The rule for a module's own trainable parameters (``local -> full name``), or ``None`` (vmap fallback)."""
-    if runs_forward_of(module, nn.Linear):
+    """The rule for a module's own trainable parameters (``local -> full name``), or ``None`` (vmap fallback).
+
+    The closed-form rules need the layer's own ``weight`` / ``bias`` (not, e.g., the ``weight_g`` and ``weight_v`` of
+    ``nn.utils.weight_norm``, whose hook forms the weight). A parametrization's originals
+    (``nn.utils.parametrize``: ``parametrizations.weight_norm``, ``spectral_norm``) go to the vmap engine: their
+    module is called with no input when its layer reads the weight."""
+    affine = set(names) <= {"weight", "bias"}
+    if affine and runs_forward_of(module, nn.Linear):
         return LinearRule(module, names)
-    if runs_forward_of(module, nn.Conv2d) and Conv2dRule.supports(module):
+    if affine and runs_forward_of(module, nn.Conv2d) and Conv2dRule.supports(module):
         return Conv2dRule(module, names)
-    if runs_forward_of(module, nn.Conv1d) and Conv1dRule.supports(module):
+    if affine and runs_forward_of(module, nn.Conv1d) and Conv1dRule.supports(module):
         return Conv1dRule(module, names)
-    if runs_forward_of(module, nn.Embedding) and EmbeddingRule.supports(module):
+    if affine and runs_forward_of(module, nn.Embedding) and EmbeddingRule.supports(module):
         return EmbeddingRule(module, names)
     if set(names) == {"gamma"} and LayerScaleRule.supports(module):
         return LayerScaleRule(module, names)
     if set(names) <= {"cls_token", "reg_token", "pos_embed"} and TokenRule.supports(module):
         return TokenRule(module, names)
-    if NormRule.supports(module):
+    if affine and NormRule.supports(module):
         return NormRule(module, names)
+    if isinstance(module, ParametrizationList):
+        return None
     has_param_children = any(True for child in module.children() for _ in child.parameters())
     if not has_param_children and not _is_stochastic(module):
         return MaterializedRule(module, names)

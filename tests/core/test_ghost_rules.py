@@ -391,6 +391,29 @@ def test_layer_subclasses_with_their_own_forward_get_the_generic_rule_and_stay_e
     _assert_ghost_equals_vmap(module, (torch.randn(shape), torch.randint(0, 3, (5,))))
 
 
+REPARAMETRIZATIONS = {
+    "weight_norm_hook": lambda layer: nn.utils.weight_norm(layer),  # weight_g, weight_v; a pre-hook forms the weight
+    "weight_norm": lambda layer: nn.utils.parametrizations.weight_norm(layer),
+    "spectral_norm": lambda layer: nn.utils.parametrizations.spectral_norm(layer),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*deprecated")
+@pytest.mark.parametrize("name", list(REPARAMETRIZATIONS))
+def test_reparametrized_weights_get_no_closed_form_rule_and_stay_exact(name):
+    """A reparametrized weight is not the layer's own parameter: the parameters that form it get the generic rule or
+    the vmap engine (a parametrization's module is called with no input), never the linear rule, and the clipped sum
+    is the vmap engine's (eval mode: spectral norm's power iteration would update its vectors at each forward)."""
+    torch.manual_seed(0)
+    net = Tokens(REPARAMETRIZATIONS[name](nn.Linear(3, 4)), 3)
+    rules, leftover = plan_rules(net)
+    forming = {full for full, _ in net.named_parameters() if full.startswith("linear.") and full != "linear.bias"}
+    assert not forming & {full for rule in rules if isinstance(rule, LinearRule) for full in rule.names.values()}
+    assert set(leftover) == (set() if name == "weight_norm_hook" else forming)
+    module = Wrapper(net, 1).eval()
+    _assert_ghost_equals_vmap(module, (torch.randn(5, 1, 3, 3), torch.randint(0, 3, (5,))))
+
+
 class Tokens(nn.Module):
     """A linear layer on ``tokens`` positions per row (as a transformer's token-wise layers), then a linear head."""
 

@@ -77,6 +77,8 @@ CASES = {
     "mobilenetv3/b64": ("timm/mobilenetv3_small_050", (3, 32, 32), 64, {}),
     "efficientnet_b0/b64": ("timm/efficientnet_b0", (3, 32, 32), 64, {}),
     "convnext_atto/b64": ("timm/convnext_atto", (3, 32, 32), 64, {}),
+    # ECA channel attention: a Conv1d across each block's pooled channels
+    "eca_resnet18/b64": ("timm/resnet18", (3, 32, 32), 64, {"block_args": {"attn_layer": "eca"}}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
     "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }

@@ -393,9 +393,9 @@ class GhostClipper:
         handles = []
         try:
             for rule in self.rules:
-                for target, pre, hook in rule.capture_hooks():
+                for target, pre, hook, first in rule.capture_hooks():
                     register = target.register_forward_pre_hook if pre else target.register_forward_hook
-                    handles.append(register(hook, with_kwargs=True))
+                    handles.append(register(hook, with_kwargs=True, prepend=first))
             yield
         finally:
             for handle in handles:

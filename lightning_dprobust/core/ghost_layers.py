@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -33,8 +34,19 @@ from torch.func import functional_call, vjp, vmap
 
 from lightning_dprobust.core.ghost_graph import sequence_marker
 
-Hook = tuple[nn.Module, bool, Callable[..., None]]
-"""``(module, is_pre_hook, hook)``: a forward hook (registered ``with_kwargs``) that captures part of a layer call."""
+
+class Hook(NamedTuple):
+    """A forward hook (registered ``with_kwargs``) that captures part of a layer call."""
+
+    module: nn.Module
+    pre: bool
+    """A forward pre-hook (it sees the call's inputs), else a forward hook (it sees the output too)."""
+    hook: Callable[..., None]
+    first: bool = True
+    """Registered before the module's other hooks of its kind (``prepend``): it sees the inputs the caller passed and
+    the output the module computed, before a user's hook replaces them (a hook that returns a new output would
+    otherwise hand the rule the gradient at that output, not at the layer's). Call markers (:meth:`start_call`) are
+    registered after them, so that what a user's pre-hook computes lies outside the call."""
 
 
 @dataclass
@@ -167,7 +179,7 @@ class LayerRule:
         (:meth:`start_call`), a hook after it captures the call's input and its output's gradient edge
         (:meth:`capture`). Rules whose parameters act inside a larger module capture elsewhere (ViT tokens, layer
         scale, activated norms)."""
-        return [(self.module, True, self.start_call), (self.module, False, self._capture_call)]
+        return [Hook(self.module, True, self.start_call, first=False), Hook(self.module, False, self._capture_call)]
 
     def start_call(self, *_) -> None:
         """Mark where a call starts: the nodes it creates are numbered after this (``core/ghost_graph.py``)."""
@@ -359,10 +371,11 @@ class TokenRule(MaterializedRule):
     def capture_hooks(self) -> list[Hook]:
         """A call starts after ``patch_embed`` and is captured at ``pos_drop``'s input, the tokens' output."""
 
-        def capture(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+        def capture(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             self.capture(args[0], output_edge(args[0]))
 
-        return [(self.module.patch_embed, False, self.start_call), (self.module.pos_drop, False, capture)]
+        vit = self.module
+        return [Hook(vit.patch_embed, False, self.start_call, first=False), Hook(vit.pos_drop, True, capture)]
 
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         g = group_rows(grad, examples).sum(dim=1)
@@ -409,7 +422,11 @@ class LayerScaleRule(MaterializedRule):
         def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             self.capture(outputs.pop(), output_edge(args[0]))
 
-        return [(block, True, start_call), (block.mlp, False, mlp_output), (block.drop_path, True, scaled)]
+        return [
+            Hook(block, True, start_call, first=False),
+            Hook(block.mlp, False, mlp_output),
+            Hook(block.drop_path, True, scaled),
+        ]
 
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         return {"gamma": (group_rows(grad, examples) * group_rows(inputs, examples)).sum(dim=(1, 3, 4))}

@@ -87,7 +87,11 @@ class NormRule(MaterializedRule):
         def inner_input(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             edges.append(output_edge(args[0]))
 
-        return [(self.module, True, start_call), (self.module, False, capture_call), (inner, True, inner_input)]
+        return [
+            Hook(self.module, True, start_call, first=False),
+            Hook(self.module, False, capture_call),
+            Hook(inner, True, inner_input),
+        ]
 
     @cached_property
     def kind(self) -> str:

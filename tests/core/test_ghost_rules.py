@@ -391,6 +391,38 @@ def test_layer_subclasses_with_their_own_forward_get_the_generic_rule_and_stay_e
     _assert_ghost_equals_vmap(module, (torch.randn(shape), torch.randint(0, 3, (5,))))
 
 
+USER_HOOKS = {  # each replaces its tensor in training mode only: the first step's check runs in eval mode
+    "output": lambda layer: layer.register_forward_hook(lambda mod, args, out: out * 2 if mod.training else None),
+    "input": lambda layer: layer.register_forward_pre_hook(lambda mod, args: (args[0] * 3,) if mod.training else None),
+}
+
+
+def _hooked_net(name: str) -> tuple[nn.Module, list[nn.Module], tuple[int, ...]]:
+    """A net, the modules a rule captures at, and the input shape."""
+    if name == "linear":
+        net = Tokens(nn.Linear(3, 4), 3)
+        return net, [net.linear], (5, 1, 3, 3)
+    if name == "conv":
+        net = Convs(nn.Conv2d(2, 4, 3, padding=1), 4)
+        return net, [net.conv], (5, 2, 4, 4)
+    net = NormAct(_randomized(GroupNormAct(4, num_groups=2)))  # captured at its drop module's input
+    return net, [net.norm, net.norm.drop], (5, 2, 5, 5)
+
+
+@pytest.mark.parametrize("hook", list(USER_HOOKS))
+@pytest.mark.parametrize("net", ["linear", "conv", "activated_norm"])
+def test_user_hooks_that_replace_a_layers_input_or_output_leave_its_rule_exact(hook, net):
+    """The rules' capture hooks run before a user's (``Hook.first``): they see the layer's own output, whose gradient
+    flows through what a user's hook makes of it, and the input the layer computes on. In training mode."""
+    torch.manual_seed(0)
+    model, layers, shape = _hooked_net(net)
+    for layer in layers:
+        USER_HOOKS[hook](layer)
+    module = Wrapper(model, 1).train()
+    generator = torch.Generator().manual_seed(8)
+    _assert_ghost_equals_vmap(module, (torch.randn(shape, generator=generator), torch.randint(0, 3, (5,))))
+
+
 REPARAMETRIZATIONS = {
     "weight_norm_hook": lambda layer: nn.utils.weight_norm(layer),  # weight_g, weight_v; a pre-hook forms the weight
     "weight_norm": lambda layer: nn.utils.parametrizations.weight_norm(layer),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -321,6 +322,19 @@ def weight_sq_norms(a: Tensor, g: Tensor, with_bias: bool) -> Tensor:
     return total + g.sum(dim=1).square().sum(dim=1) if with_bias else total
 
 
+class _OwnForward(nn.Module):
+    """Runs a layer's ``forward`` without the hooks its ``__call__`` runs: the rules capture the input the layer
+    computed on (after any pre-hook) and its own output (before any hook, :attr:`Hook.first`), so a re-run must not
+    apply a user's hooks a second time."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.layer.forward(inputs)
+
+
 class MaterializedRule(LayerRule):
     """Any deterministic module with its own parameters: per-example gradients by ``vmap(vjp)`` of the module alone.
 
@@ -334,12 +348,18 @@ class MaterializedRule(LayerRule):
     def prefers_streaming(self, examples: int) -> bool:
         return self.per_example_fits_captures(examples)
 
+    @cached_property
+    def _unhooked(self) -> nn.Module:
+        return _OwnForward(self.module)
+
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
-        params = {local: p.detach() for local, p in self.tensors().items()}
+        """The layer's own ``forward`` re-run (:class:`_OwnForward`) on each example's captured input and pulled back
+        from its output gradient."""
+        params = {f"layer.{local}": p.detach() for local, p in self.tensors().items()}
 
         def example_grads(a: Tensor, g: Tensor) -> dict[str, Tensor]:
-            _, pullback = vjp(lambda p: functional_call(self.module, p, (a,), strict=False), params)
-            return pullback(g)[0]
+            _, pullback = vjp(lambda p: functional_call(self._unhooked, p, (a,), strict=False), params)
+            return {name.removeprefix("layer."): grad for name, grad in pullback(g)[0].items()}
 
         return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
 

@@ -405,12 +405,15 @@ def _hooked_net(name: str) -> tuple[nn.Module, list[nn.Module], tuple[int, ...]]
     if name == "conv":
         net = Convs(nn.Conv2d(2, 4, 3, padding=1), 4)
         return net, [net.conv], (5, 2, 4, 4)
-    net = NormAct(_randomized(GroupNormAct(4, num_groups=2)))  # captured at its drop module's input
-    return net, [net.norm, net.norm.drop], (5, 2, 5, 5)
+    if name == "activated_norm":
+        net = NormAct(_randomized(GroupNormAct(4, num_groups=2)))  # captured at its drop module's input
+        return net, [net.norm, net.norm.drop], (5, 2, 5, 5)
+    net = NormAct(nn.PReLU(4, init=0.3))  # the generic rule: a vmap of the layer on its captured input
+    return net, [net.norm], (5, 2, 5, 5)
 
 
 @pytest.mark.parametrize("hook", list(USER_HOOKS))
-@pytest.mark.parametrize("net", ["linear", "conv", "activated_norm"])
+@pytest.mark.parametrize("net", ["linear", "conv", "activated_norm", "generic"])
 def test_user_hooks_that_replace_a_layers_input_or_output_leave_its_rule_exact(hook, net):
     """The rules' capture hooks run before a user's (``Hook.first``): they see the layer's own output, whose gradient
     flows through what a user's hook makes of it, and the input the layer computes on. In training mode."""

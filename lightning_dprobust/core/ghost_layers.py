@@ -361,7 +361,16 @@ class MaterializedRule(LayerRule):
             _, pullback = vjp(lambda p: functional_call(self._unhooked, p, (a,), strict=False), params)
             return {name.removeprefix("layer."): grad for name, grad in pullback(g)[0].items()}
 
-        return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
+        try:
+            return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
+        except RuntimeError as error:
+            if "random" not in str(error):
+                raise
+            raise RuntimeError(
+                f"{type(self.module).__name__} draws random numbers in its forward (e.g. F.dropout): the ghost engine "
+                "re-runs the layer on each example's captured input and cannot replay its draws; use "
+                "DPCallback(engine='vmap'), or draw them in a module of their own (nn.Dropout)"
+            ) from error
 
     def keeps_per_example(self, examples: int) -> bool:
         return True

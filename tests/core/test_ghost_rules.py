@@ -426,6 +426,28 @@ def test_user_hooks_that_replace_a_layers_input_or_output_leave_its_rule_exact(h
     _assert_ghost_equals_vmap(module, (torch.randn(shape, generator=generator), torch.randint(0, 3, (5,))))
 
 
+class _DropsFunctionally(nn.Module):
+    """A layer with a parameter that draws dropout masks inside its own forward (no ``nn.Dropout`` module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4, 1, 1))
+
+    def forward(self, x):
+        return F.dropout(x * self.scale, 0.5, self.training)
+
+
+def test_a_layer_drawing_randomness_in_its_forward_is_refused_with_a_clear_error():
+    """The generic rule re-runs the layer and cannot replay its draws (the first step's check, in eval mode, draws
+    none): the error names the layer and says what to do."""
+    torch.manual_seed(0)
+    net = NormAct(_DropsFunctionally())
+    module = Wrapper(net, 1).train()
+    assert type(next(rule for rule in plan_rules(module)[0] if rule.module is net.norm)) is MaterializedRule
+    with pytest.raises(RuntimeError, match="_DropsFunctionally draws random numbers.*engine='vmap'"):
+        GhostClipper(module, "per_example_loss", 1.0)((torch.randn(5, 2, 5, 5), torch.randint(0, 3, (5,))))
+
+
 REPARAMETRIZATIONS = {
     "weight_norm_hook": lambda layer: nn.utils.weight_norm(layer),  # weight_g, weight_v; a pre-hook forms the weight
     "weight_norm": lambda layer: nn.utils.parametrizations.weight_norm(layer),

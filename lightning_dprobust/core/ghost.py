@@ -51,6 +51,7 @@ from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_graph import reaches, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
+    ChannelScaleRule,
     LayerRule,
     LayerScaleRule,
     LinearRule,
@@ -105,6 +106,10 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
         return EmbeddingRule(module, names)
     if set(names) == {"gamma"} and LayerScaleRule.supports(module):
         return LayerScaleRule(module, names)
+    if ChannelScaleRule.supports(module):
+        return ChannelScaleRule(module, names)
+    if ChannelScaleRule.in_place(module):
+        return None
     if set(names) <= {"cls_token", "reg_token", "pos_embed"} and TokenRule.supports(module):
         return TokenRule(module, names)
     if affine and NormRule.supports(module):

@@ -459,3 +459,43 @@ class LayerScaleRule(MaterializedRule):
 
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         return {"gamma": (group_rows(grad, examples) * group_rows(inputs, examples)).sum(dim=(1, 3, 4))}
+
+
+def _scale_types() -> dict[type, str]:
+    """timm's per-channel scale modules -> the name of their parameter."""
+    from timm.layers import LayerScale, LayerScale2d
+    from timm.models.metaformer import Scale
+
+    return {LayerScale: "gamma", LayerScale2d: "gamma", Scale: "scale"}
+
+
+class ChannelScaleRule(MaterializedRule):
+    """timm's per-channel scale modules, ``x * gamma``: ``LayerScale`` (channels last, as in ViT blocks with
+    ``init_values``; Touvron et al. 2021, CaiT, arXiv 2103.17239), ``LayerScale2d`` (``NCHW``) and MetaFormer's
+    ``Scale`` (either layout; Yu et al. 2022, arXiv 2210.13452: PoolFormer). The output is linear in the scale, so
+    each example's gradient is the sum over positions of ``g * x``: no ``vmap`` of the module.
+
+    Exact types only, and not their ``inplace=True`` form (:meth:`in_place`)."""
+
+    @staticmethod
+    def supports(module: nn.Module) -> bool:
+        return type(module) in _scale_types() and not ChannelScaleRule.in_place(module)
+
+    @staticmethod
+    def in_place(module: nn.Module) -> bool:
+        """Whether ``module`` is one of these scales multiplying its input in place: the input the rules capture is
+        overwritten, so no rule can read it (the vmap engine runs such a layer)."""
+        return type(module) in _scale_types() and getattr(module, "inplace", False)
+
+    @cached_property
+    def channels_first(self) -> bool:
+        """Whether the scaled channels are dim 1 (``NCHW``) rather than the last dim."""
+        from timm.layers import LayerScale2d
+
+        return type(self.module) is LayerScale2d or len(getattr(self.module, "shape", ())) == 3
+
+    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        rows = group_rows(grad * inputs, examples)  # [B, k, ...]
+        if self.channels_first:
+            rows = rows.movedim(2, -1)
+        return {local: rows.reshape(examples, -1, rows.shape[-1]).sum(dim=1) for local in self.names}

@@ -13,11 +13,11 @@ map, so one rule costs one normalization forward, one product and two reductions
 and backward (:class:`~lightning_dprobust.core.ghost_layers.MaterializedRule`, which these rules specialize).
 
 Only layers whose forward is exactly that formula are covered: ``nn.GroupNorm`` and ``nn.LayerNorm``, timm's
-``GroupNorm``, ``LayerNorm`` and ``LayerNorm2d`` (their plain, not "fast", path) and timm's ``GroupNormAct`` (what
-``models.make_dp_compatible`` builds from ``BatchNormAct2d``), whatever its dropout and activation: its ``g`` is
-captured at the input of its ``drop`` module, which is the affine map's output (:attr:`NormRule.affine_output_of`),
-so the layers after the map need no formula (MobileNetV3's Hardswish, EfficientNet's SiLU). Other subclasses keep
-the generic rule.
+``GroupNorm``, ``GroupNorm1`` (PoolFormer's), ``LayerNorm`` and ``LayerNorm2d`` (their plain, not "fast", path)
+and timm's ``GroupNormAct`` (what ``models.make_dp_compatible`` builds from ``BatchNormAct2d``), whatever its dropout
+and activation: its ``g`` is captured at the input of its ``drop`` module, which is the affine map's output
+(:attr:`NormRule.affine_output_of`), so the layers after the map need no formula (MobileNetV3's Hardswish,
+EfficientNet's SiLU). Other subclasses keep the generic rule.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from lightning_dprobust.core.ghost_layers import Hook, MaterializedRule, group_r
 
 
 def _exact_types() -> dict[type, str]:
-    from timm.layers import GroupNorm, GroupNormAct, LayerNorm, LayerNorm2d
+    from timm.layers import GroupNorm, GroupNorm1, GroupNormAct, LayerNorm, LayerNorm2d
 
-    groups = {nn.GroupNorm: "group", GroupNorm: "group", GroupNormAct: "group"}
+    groups = {nn.GroupNorm: "group", GroupNorm: "group", GroupNorm1: "group", GroupNormAct: "group"}
     return groups | {nn.LayerNorm: "layer", LayerNorm: "layer", LayerNorm2d: "channels"}
 
 

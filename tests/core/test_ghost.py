@@ -10,7 +10,7 @@ from torch import nn
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
-from lightning_dprobust.core.ghost_layers import LayerScaleRule, LinearRule, TokenRule
+from lightning_dprobust.core.ghost_layers import ChannelScaleRule, LayerScaleRule, LinearRule, TokenRule
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
@@ -21,6 +21,11 @@ MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     "mlp_tanh": ((1, 8, 8), {}),
     "timm/resnet18": ((3, 8, 8), {}),
     "timm/vit_tiny_patch16_224": ((3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+    # LayerScale after attention and MLP (init_values; large enough to matter)
+    "timm/vit_tiny_patch16_224+layer_scale": (
+        (3, 16, 16),
+        {"img_size": 16, "patch_size": 4, "depth": 2, "init_values": 0.5},
+    ),
     "preact_resnet8": ((3, 8, 8), {"dp_compatible": True}),
     # depthwise convolutions (kept, and dropped on the 1x1 maps), GroupNormAct with Hardswish and ReLU, squeeze-excite
     "timm/mobilenetv3_small_050": ((3, 16, 16), {}),
@@ -148,7 +153,7 @@ def test_chunked_equals_unchunked():
 
 def test_rules_cover_the_registry_models_without_fallback():
     kinds = {type(rule) for model in MODELS for rule in plan_rules(build(DPSGD, model))[0]}
-    assert kinds == {LinearRule, Conv2dRule, Conv1dRule, NormRule, TokenRule, LayerScaleRule}
+    assert kinds == {LinearRule, Conv2dRule, Conv1dRule, NormRule, TokenRule, LayerScaleRule, ChannelScaleRule}
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
 
 

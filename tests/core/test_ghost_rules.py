@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from timm.layers import GroupNormAct, LayerNorm, LayerNorm2d
+from timm.layers import GroupNorm1, GroupNormAct, LayerNorm, LayerNorm2d, LayerScale, LayerScale2d
+from timm.models.metaformer import MetaFormerBlock, Scale
 from torch import nn
 
 from lightning_dprobust import models
@@ -15,6 +16,7 @@ from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_layers import (
+    ChannelScaleRule,
     LinearRule,
     MaterializedRule,
     example_rows,
@@ -36,6 +38,7 @@ NORMS = {
     "layernorm_no_bias": (lambda: nn.LayerNorm(6, bias=False), (3, 6)),
     "timm_layernorm": (lambda: LayerNorm(6), (3, 2, 6)),
     "timm_layernorm2d": (lambda: LayerNorm2d(4), (3, 4, 2, 3)),  # the channels of each position of NCHW maps
+    "timm_groupnorm1": (lambda: GroupNorm1(4), (3, 4, 2, 3)),  # PoolFormer's
 }
 
 
@@ -62,6 +65,66 @@ def test_norm_rule_per_example_gradients_equal_the_generic_rule(name, rows_per_e
     assert ours.keys() == reference.keys() == names.keys()
     for local, expected in reference.items():
         torch.testing.assert_close(ours[local], expected, rtol=1e-10, atol=1e-12)
+
+
+SCALES = {
+    "layer_scale_tokens": (lambda: LayerScale(6), (3, 5, 6)),  # ViT blocks with init_values
+    "layer_scale_2d": (lambda: LayerScale2d(4), (3, 4, 2, 3)),
+    "metaformer_scale_nchw": (lambda: Scale(4), (3, 4, 2, 3)),
+    "metaformer_scale_channels_last": (lambda: Scale(6, use_nchw=False), (3, 2, 5, 6)),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALES))
+@pytest.mark.parametrize("rows_per_example", [1, 2])
+def test_channel_scale_rule_per_example_gradients_equal_the_generic_rule(name, rows_per_example):
+    build, shape = SCALES[name]
+    module = _randomized(build())
+    assert ChannelScaleRule.supports(module)
+    names = {local: local for local, _ in module.named_parameters()}
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(shape[0] * rows_per_example, *shape[1:], generator=generator)
+    grad = torch.randn_like(inputs)
+    ours = ChannelScaleRule(module, names).call_gradients(inputs, grad, shape[0])
+    reference = MaterializedRule(module, names).call_gradients(inputs, grad, shape[0])
+    assert ours.keys() == reference.keys() == names.keys()
+    for local, expected in reference.items():
+        torch.testing.assert_close(ours[local], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_an_in_place_layer_scale_goes_to_the_vmap_engine_and_stays_exact():
+    """``inplace=True`` overwrites the input a rule would capture (a re-run of the layer would too): its scale is left
+    to the vmap engine, which the ghost engine runs for it alone."""
+    torch.manual_seed(0)
+    net = Tokens(nn.Linear(3, 4), 3)
+    net.linear = nn.Sequential(net.linear, LayerScale(4, init_values=0.5, inplace=True))
+    rules, leftover = plan_rules(net)
+    assert leftover == ["linear.1.gamma"] and all(not isinstance(rule.module, LayerScale) for rule in rules)
+    _assert_ghost_equals_vmap(Wrapper(net, 1), (torch.randn(5, 1, 3, 3), torch.randint(0, 3, (5,))))
+
+
+class MetaFormerNet(nn.Module):
+    """A stem, one timm ``MetaFormerBlock`` as in PoolFormer (``GroupNorm1``, layer and residual ``Scale``s,
+    ``StarReLU``), a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(2, 8, 3)
+        self.block = MetaFormerBlock(8, norm_layer=GroupNorm1, layer_scale_init_value=0.5, res_scale_init_value=0.7)
+        self.head = nn.Linear(8 * 3 * 3, 3)
+
+    def forward(self, x):
+        return self.head(self.block(self.stem(x)).flatten(1))
+
+
+@pytest.mark.parametrize("views", [1, 2])
+def test_a_poolformer_block_equals_the_vmap_engine(views):
+    torch.manual_seed(0)
+    module = Wrapper(_randomized(MetaFormerNet()), views)
+    kinds = {type(rule) for rule in plan_rules(module)[0]}
+    assert {ChannelScaleRule, NormRule} <= kinds
+    generator = torch.Generator().manual_seed(9)
+    _assert_ghost_equals_vmap(module, (torch.randn(5, 2, 5, 5, generator=generator), torch.randint(0, 3, (5,))))
 
 
 @pytest.mark.parametrize(
@@ -567,6 +630,7 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/mobilenetv3_small_050", (3, 16, 16), {}),  # depthwise, GroupNormAct with activations
         ("timm/convnext_atto", (3, 32, 32), {"ls_init_value": 0.5}),  # LayerNorm2d, layer scale
         ("timm/resnet18", (3, 8, 8), {"block_args": {"attn_layer": "eca"}}),  # ECA's Conv1d across the channels
+        ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2, "init_values": 0.5}),
     ],
 )
 @pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])

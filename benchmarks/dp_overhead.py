@@ -79,6 +79,8 @@ CASES = {
     "convnext_atto/b64": ("timm/convnext_atto", (3, 32, 32), 64, {}),
     # ECA channel attention: a Conv1d across each block's pooled channels
     "eca_resnet18/b64": ("timm/resnet18", (3, 32, 32), 64, {"block_args": {"attn_layer": "eca"}}),
+    # two ViT branches (patches of 12 and 16 pixels) with their own class tokens and position embeddings
+    "crossvit_tiny/b64": ("timm/crossvit_tiny_240", (3, 96, 96), 64, {"img_size": 96, "img_scale": (1.0, 1.0)}),
     # MetaFormer: GroupNorm1, per-channel layer and residual scales, StarReLU
     "poolformer_s12/b64": ("timm/poolformer_s12", (3, 32, 32), 64, {}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid

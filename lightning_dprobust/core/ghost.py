@@ -56,12 +56,12 @@ from lightning_dprobust.core.ghost_layers import (
     LayerScaleRule,
     LinearRule,
     MaterializedRule,
-    TokenRule,
     example_rows,
     runs_forward_of,
     split_rows,
 )
 from lightning_dprobust.core.ghost_norms import NormRule
+from lightning_dprobust.core.ghost_tokens import TOKEN_NAMES, CrossViTTokenRule, TokenRule
 from lightning_dprobust.core.per_sample import (
     ClippedSum,
     PerExampleClipper,
@@ -110,8 +110,12 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
         return ChannelScaleRule(module, names)
     if ChannelScaleRule.in_place(module):
         return None
-    if set(names) <= {"cls_token", "reg_token", "pos_embed"} and TokenRule.supports(module):
+    if set(names) <= TOKEN_NAMES and TokenRule.supports(module):
         return TokenRule(module, names)
+    if set(names) <= {"cls_token_0", "cls_token_1", "pos_embed_0", "pos_embed_1"} and CrossViTTokenRule.supports(
+        module
+    ):
+        return CrossViTTokenRule(module, names)
     if affine and NormRule.supports(module):
         return NormRule(module, names)
     if isinstance(module, ParametrizationList):

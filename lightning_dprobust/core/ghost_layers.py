@@ -159,6 +159,12 @@ def group_rows(t: Tensor, examples: int) -> Tensor:
     return t.reshape(examples, t.shape[0] // examples, *t.shape[1:])
 
 
+def _added(total: dict[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``total`` plus one call's per-example gradients; a call may cover only some of the rule's parameters (a CrossViT
+    branch's tokens), so the parameters of either dict are kept."""
+    return total | {k: total[k] + v if k in total else v for k, v in grads.items()}
+
+
 @dataclass
 class LayerRule:
     """Base: a module, the full names of the parameters it covers, and the calls captured in one forward."""
@@ -219,9 +225,9 @@ class LayerRule:
         :attr:`streamed` and drops the call's input, so neither the input nor the output gradient outlives it."""
         call.check_unchanged()
         if grad is not None:
-            grads = self.call_gradients(call.inputs, grad.view(call.shape), examples)
-            total = self.streamed or {}
-            self.streamed = {k: total[k] + v if k in total else v for k, v in grads.items()}
+            self.streamed = _added(
+                self.streamed or {}, self.call_gradients(call.inputs, grad.view(call.shape), examples)
+            )
         call.inputs = None
 
     def keeps_per_example(self, examples: int) -> bool:
@@ -237,8 +243,7 @@ class LayerRule:
         self.streamed = None
         for call in self.calls:
             if call.grad is not None:
-                grads = self.call_gradients(call.inputs, call.grad, examples)
-                total = {k: total[k] + v if k in total else v for k, v in grads.items()}
+                total = _added(total, self.call_gradients(call.inputs, call.grad, examples))
         return total
 
     def sq_norms(self, examples: int) -> Tensor:
@@ -374,46 +379,6 @@ class MaterializedRule(LayerRule):
 
     def keeps_per_example(self, examples: int) -> bool:
         return True
-
-
-class TokenRule(MaterializedRule):
-    """timm ``VisionTransformer``'s ``cls_token``, ``reg_token`` and ``pos_embed`` (Dosovitskiy et al. 2021).
-
-    ``_pos_embed`` concatenates the tokens to the patch embeddings and adds ``pos_embed``; both are linear in the
-    parameters, so each example's gradient is a slice of the gradient at ``pos_drop``'s input (captured here),
-    summed over the example's rows.
-    """
-
-    @staticmethod
-    def supports(vit: nn.Module) -> bool:
-        """timm's own ``_pos_embed`` (subclasses that override it, e.g. distilled DeiT, are not covered)."""
-        from timm.models.vision_transformer import VisionTransformer
-
-        return (
-            getattr(type(vit), "_pos_embed", None) is VisionTransformer._pos_embed
-            and vit.pos_embed is not None
-            and not getattr(vit, "dynamic_img_size", True)
-            and isinstance(getattr(vit, "pos_drop", None), nn.Module)
-            and isinstance(getattr(vit, "patch_embed", None), nn.Module)
-        )
-
-    def capture_hooks(self) -> list[Hook]:
-        """A call starts after ``patch_embed`` and is captured at ``pos_drop``'s input, the tokens' output."""
-
-        def capture(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-            self.capture(args[0], output_edge(args[0]))
-
-        vit = self.module
-        return [Hook(vit.patch_embed, False, self.start_call, first=False), Hook(vit.pos_drop, True, capture)]
-
-    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
-        g = group_rows(grad, examples).sum(dim=1)
-        vit = self.module
-        cls = 1 if vit.cls_token is not None else 0
-        reg = vit.reg_token.shape[1] if vit.reg_token is not None else 0
-        slices = {"cls_token": g[:, :cls], "reg_token": g[:, cls : cls + reg]}
-        slices["pos_embed"] = g[:, vit.num_prefix_tokens :] if vit.no_embed_class else g
-        return {k: slices[k].unsqueeze(1) for k in self.names}
 
 
 class LayerScaleRule(MaterializedRule):

@@ -10,17 +10,30 @@ from torch import nn
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
-from lightning_dprobust.core.ghost_layers import ChannelScaleRule, LayerScaleRule, LinearRule, TokenRule
+from lightning_dprobust.core.ghost_layers import ChannelScaleRule, LayerScaleRule, LinearRule
 from lightning_dprobust.core.ghost_norms import NormRule
+from lightning_dprobust.core.ghost_tokens import CrossViTTokenRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
 from lightning_dprobust.robustness.attacks import build_attack
 
+CROSSVIT_KWARGS = {
+    "img_size": 48,
+    "img_scale": (1.0, 1.0),
+    "depth": ([1, 1, 0],),
+    "embed_dim": [16, 32],
+    "num_heads": [2, 2],
+    "mlp_ratio": [2, 2, 1],
+}
 MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     "cnn_tanh": ((1, 14, 14), {}),
     "mlp_tanh": ((1, 8, 8), {}),
     "timm/resnet18": ((3, 8, 8), {}),
     "timm/vit_tiny_patch16_224": ((3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+    # DeiT's distillation token next to the class token
+    "timm/deit_tiny_distilled_patch16_224": ((3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+    # two branches (patch sizes 12 and 16) with their own class tokens and position embeddings, one shared pos_drop
+    "timm/crossvit_tiny_240": ((3, 48, 48), CROSSVIT_KWARGS),
     # LayerScale after attention and MLP (init_values; large enough to matter)
     "timm/vit_tiny_patch16_224+layer_scale": (
         (3, 16, 16),
@@ -153,7 +166,17 @@ def test_chunked_equals_unchunked():
 
 def test_rules_cover_the_registry_models_without_fallback():
     kinds = {type(rule) for model in MODELS for rule in plan_rules(build(DPSGD, model))[0]}
-    assert kinds == {LinearRule, Conv2dRule, Conv1dRule, NormRule, TokenRule, LayerScaleRule, ChannelScaleRule}
+    rules = {
+        LinearRule,
+        Conv2dRule,
+        Conv1dRule,
+        NormRule,
+        TokenRule,
+        CrossViTTokenRule,
+        LayerScaleRule,
+        ChannelScaleRule,
+    }
+    assert kinds == rules
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
 
 

@@ -26,6 +26,7 @@ from lightning_dprobust.core.ghost_layers import (
 )
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
+from tests.core.test_ghost import CROSSVIT_KWARGS
 
 pytestmark = pytest.mark.usefixtures("double_precision")
 
@@ -631,6 +632,8 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/convnext_atto", (3, 32, 32), {"ls_init_value": 0.5}),  # LayerNorm2d, layer scale
         ("timm/resnet18", (3, 8, 8), {"block_args": {"attn_layer": "eca"}}),  # ECA's Conv1d across the channels
         ("timm/vit_tiny_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2, "init_values": 0.5}),
+        ("timm/deit_tiny_distilled_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+        ("timm/crossvit_tiny_240", (3, 48, 48), CROSSVIT_KWARGS),  # two branches' tokens, one shared pos_drop
     ],
 )
 @pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])

@@ -8,8 +8,9 @@ from torch import nn
 
 from lightning_dprobust.core.ghost import GhostClipper, _runs_no_layer, streamed_rules
 from lightning_dprobust.core.ghost_graph import reaches
-from lightning_dprobust.core.ghost_layers import MaterializedRule, TokenRule
+from lightning_dprobust.core.ghost_layers import MaterializedRule
 from lightning_dprobust.core.ghost_norms import NormRule
+from lightning_dprobust.core.ghost_tokens import TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 

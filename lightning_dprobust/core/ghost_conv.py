@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -369,40 +368,18 @@ class Conv2dRule(LinearRule):
         return w, b
 
 
-@dataclass(frozen=True)
 class _HeightOneConv:
     """A ``nn.Conv1d`` read as a ``nn.Conv2d`` over maps of height 1: what :class:`Conv2dRule` reads of its layer,
     with a leading 1 in the kernel, stride and dilation, 0 in the padding, and the weight as a ``[p, C, 1, k]`` view."""
 
-    conv1d: nn.Conv1d
+    def __init__(self, conv1d: nn.Conv1d) -> None:
+        self.conv1d, self.groups, self.out_channels = conv1d, conv1d.groups, conv1d.out_channels
+        self.kernel_size, self.stride = (1, *conv1d.kernel_size), (1, *conv1d.stride)
+        self.dilation, self.padding = (1, *conv1d.dilation), (0, *conv1d.padding)
 
     @property
     def weight(self) -> Tensor:
         return self.conv1d.weight.unsqueeze(2)
-
-    @property
-    def kernel_size(self) -> tuple[int, int]:
-        return (1, *self.conv1d.kernel_size)
-
-    @property
-    def padding(self) -> tuple[int, int]:
-        return (0, *self.conv1d.padding)
-
-    @property
-    def stride(self) -> tuple[int, int]:
-        return (1, *self.conv1d.stride)
-
-    @property
-    def dilation(self) -> tuple[int, int]:
-        return (1, *self.conv1d.dilation)
-
-    @property
-    def groups(self) -> int:
-        return self.conv1d.groups
-
-    @property
-    def out_channels(self) -> int:
-        return self.conv1d.out_channels
 
 
 class Conv1dRule(Conv2dRule):

@@ -52,41 +52,27 @@ def _randomized(module: nn.Module) -> nn.Module:
     return module
 
 
-@pytest.mark.parametrize("name", list(NORMS))
-@pytest.mark.parametrize("rows_per_example", [1, 2])
-def test_norm_rule_per_example_gradients_equal_the_generic_rule(name, rows_per_example):
-    build, shape = NORMS[name]
-    module = _randomized(build())
-    names = {local: local for local, _ in module.named_parameters()}
-    generator = torch.Generator().manual_seed(1)
-    inputs = torch.randn(shape[0] * rows_per_example, *shape[1:], generator=generator)
-    grad = torch.randn_like(inputs)
-    ours = NormRule(module, names).call_gradients(inputs, grad, shape[0])
-    reference = MaterializedRule(module, names).call_gradients(inputs, grad, shape[0])
-    assert ours.keys() == reference.keys() == names.keys()
-    for local, expected in reference.items():
-        torch.testing.assert_close(ours[local], expected, rtol=1e-10, atol=1e-12)
-
-
 SCALES = {
     "layer_scale_tokens": (lambda: LayerScale(6), (3, 5, 6)),  # ViT blocks with init_values
     "layer_scale_2d": (lambda: LayerScale2d(4), (3, 4, 2, 3)),
     "metaformer_scale_nchw": (lambda: Scale(4), (3, 4, 2, 3)),
     "metaformer_scale_channels_last": (lambda: Scale(6, use_nchw=False), (3, 2, 5, 6)),
 }
+CLOSED_FORMS = {name: (NormRule, *case) for name, case in NORMS.items()}
+CLOSED_FORMS |= {name: (ChannelScaleRule, *case) for name, case in SCALES.items()}
 
 
-@pytest.mark.parametrize("name", list(SCALES))
+@pytest.mark.parametrize("name", list(CLOSED_FORMS))
 @pytest.mark.parametrize("rows_per_example", [1, 2])
-def test_channel_scale_rule_per_example_gradients_equal_the_generic_rule(name, rows_per_example):
-    build, shape = SCALES[name]
+def test_closed_form_per_example_gradients_equal_the_generic_rule(name, rows_per_example):
+    rule, build, shape = CLOSED_FORMS[name]
     module = _randomized(build())
-    assert ChannelScaleRule.supports(module)
+    assert rule.supports(module)
     names = {local: local for local, _ in module.named_parameters()}
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(shape[0] * rows_per_example, *shape[1:], generator=generator)
     grad = torch.randn_like(inputs)
-    ours = ChannelScaleRule(module, names).call_gradients(inputs, grad, shape[0])
+    ours = rule(module, names).call_gradients(inputs, grad, shape[0])
     reference = MaterializedRule(module, names).call_gradients(inputs, grad, shape[0])
     assert ours.keys() == reference.keys() == names.keys()
     for local, expected in reference.items():
@@ -281,6 +267,22 @@ CONVS = {
 }
 
 
+def _convolution_case(build, calls: int, kernels: str, monkeypatch) -> nn.Module:
+    """The case's convolution (for two calls, one from its output channels to themselves) with the CPU kernels that
+    ``kernels`` names: per-example gradients formed one example at a time and joined (``*chunks``), every clipped sum
+    by the matrix product or the weight-gradient convolution, from the captured inputs (``*_sums``)."""
+    torch.manual_seed(0)
+    conv = build()
+    if calls == 2 and conv.in_channels != conv.out_channels:
+        conv = type(conv)(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
+    if kernels.endswith("chunks"):
+        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
+    if kernels.endswith("sums"):
+        monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
+        monkeypatch.setattr(ghost_conv, "CPU_HELD_PATCHES", 0)
+    return conv
+
+
 def _route(rule: Conv2dRule, examples: int) -> str:
     if rule.keeps_per_example(examples):
         return "kept"
@@ -302,15 +304,7 @@ def _route(rule: Conv2dRule, examples: int) -> str:
 )
 def test_each_convolution_route_equals_the_vmap_engine(name, views, calls, kernels, monkeypatch):
     build, size, route = CONVS[name]
-    torch.manual_seed(0)
-    conv = build()
-    if calls == 2 and conv.in_channels != conv.out_channels:
-        conv = nn.Conv2d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
-    if kernels.endswith("chunks"):  # per-example gradients formed one example at a time, then joined
-        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
-    if kernels.endswith("sums"):  # every clipped sum by the matrix product / the weight-gradient convolution
-        monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
-        monkeypatch.setattr(ghost_conv, "CPU_HELD_PATCHES", 0)  # from the captured inputs, not held patches
+    conv = _convolution_case(build, calls, kernels, monkeypatch)
     # channels-last: captures stored channels-last (their patches are copied without a layout change)
     module = Wrapper(Convs(conv, size, calls, kernels.startswith("channels_last")), views)
     generator = torch.Generator().manual_seed(2)
@@ -396,15 +390,7 @@ CONV1DS = {
 def test_each_conv1d_route_equals_the_vmap_engine(name, views, calls, kernels, monkeypatch):
     """A ``nn.Conv1d`` runs the convolution rule on height-1 maps; its gradients come back in its own weight shape."""
     build, size, route = CONV1DS[name]
-    torch.manual_seed(0)
-    conv = build()
-    if calls == 2 and conv.in_channels != conv.out_channels:
-        conv = nn.Conv1d(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
-    if kernels == "one_example_chunks":
-        monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
-    if kernels.endswith("sums"):
-        monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
-        monkeypatch.setattr(ghost_conv, "CPU_HELD_PATCHES", 0)
+    conv = _convolution_case(build, calls, kernels, monkeypatch)
     module = Wrapper(Sequences(conv, size, calls), views)
     generator = torch.Generator().manual_seed(2)
     inputs = (torch.randn(5, conv.in_channels, size, size, generator=generator), torch.randint(0, 3, (5,)))

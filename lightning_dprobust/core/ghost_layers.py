@@ -343,11 +343,12 @@ class _OwnForward(nn.Module):
 class MaterializedRule(LayerRule):
     """Any deterministic module with its own parameters: per-example gradients by ``vmap(vjp)`` of the module alone.
 
-    Used for embeddings and other small layers without a closed form (GroupNorm and LayerNorm have one:
-    ``core/ghost_norms.py``): the module is re-run on each example's captured input, which is exact when the module
-    is deterministic (no active dropout) and its output depends on its input and parameters only. When the
-    per-example gradients are no larger than the captures (normalization layers: ``2 C`` values per example against
-    ``2 C H W``), they are formed during the backward (:meth:`LayerRule.stream`) and the captures dropped at once.
+    Used for small layers without a closed form (PReLU, MetaFormer's StarReLU, subclasses that override a layer's
+    forward; normalization layers, embeddings and scales have one): the module is re-run on each example's captured
+    input, which is exact when the module is deterministic (no active dropout) and its output depends on its input
+    and parameters only. When the per-example gradients are no larger than the captures (normalization layers: ``2
+    C`` values per example against ``2 C H W``), they are formed during the backward (:meth:`LayerRule.stream`) and
+    the captures dropped at once.
     """
 
     def prefers_streaming(self, examples: int) -> bool:

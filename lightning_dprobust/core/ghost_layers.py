@@ -382,51 +382,6 @@ class MaterializedRule(LayerRule):
         return True
 
 
-class LayerScaleRule(MaterializedRule):
-    """timm ``ConvNeXtBlock``'s ``gamma`` (Liu et al. 2022, "A ConvNet for the 2020s", arXiv 2201.03545: layer scale,
-    one factor per channel on the block's MLP output before the residual add).
-
-    The product is linear in ``gamma``, so each example's gradient is the sum over positions of ``g * y``, with ``y``
-    the MLP output (captured at ``mlp``'s output, in ``NCHW`` order) and ``g`` the gradient at the product (captured
-    at ``drop_path``'s input, so stochastic depth changes nothing).
-    """
-
-    @staticmethod
-    def supports(block: nn.Module) -> bool:
-        """timm's own ``ConvNeXtBlock.forward`` (subclasses that override it are not covered) with a ``gamma``."""
-        from timm.models.convnext import ConvNeXtBlock
-
-        return (
-            getattr(type(block), "forward", None) is ConvNeXtBlock.forward
-            and getattr(block, "gamma", None) is not None
-            and all(isinstance(getattr(block, name, None), nn.Module) for name in ("mlp", "drop_path"))
-        )
-
-    def capture_hooks(self) -> list[Hook]:
-        """The MLP output of each call of the block (``NCHW``) and the gradient edge at ``drop_path``'s input, the
-        product of the two."""
-        block, outputs = self.module, []
-
-        def start_call(*_) -> None:
-            self.start_call()
-            outputs.clear()
-
-        def mlp_output(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
-            outputs.append(out if block.use_conv_mlp else out.permute(0, 3, 1, 2))
-
-        def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-            self.capture(outputs.pop(), output_edge(args[0]))
-
-        return [
-            Hook(block, True, start_call, first=False),
-            Hook(block.mlp, False, mlp_output),
-            Hook(block.drop_path, True, scaled),
-        ]
-
-    def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
-        return {"gamma": (group_rows(grad, examples) * group_rows(inputs, examples)).sum(dim=(1, 3, 4))}
-
-
 def _scale_types() -> dict[type, str]:
     """timm's per-channel scale modules -> the name of their parameter."""
     from timm.layers import LayerScale, LayerScale2d
@@ -465,3 +420,48 @@ class ChannelScaleRule(MaterializedRule):
         if self.channels_first:
             rows = rows.movedim(2, -1)
         return {local: rows.reshape(examples, -1, rows.shape[-1]).sum(dim=1) for local in self.names}
+
+
+class LayerScaleRule(ChannelScaleRule):
+    """timm ``ConvNeXtBlock``'s ``gamma`` (Liu et al. 2022, "A ConvNet for the 2020s", arXiv 2201.03545: layer scale,
+    one factor per channel on the block's MLP output before the residual add).
+
+    The product is linear in ``gamma``, so each example's gradient is the sum over positions of ``g * y``, with ``y``
+    the MLP output (captured at ``mlp``'s output, in ``NCHW`` order) and ``g`` the gradient at the product (captured
+    at ``drop_path``'s input, so stochastic depth changes nothing): :class:`ChannelScaleRule`'s formula on ``NCHW``
+    maps, captured at other points.
+    """
+
+    channels_first = True
+
+    @staticmethod
+    def supports(block: nn.Module) -> bool:
+        """timm's own ``ConvNeXtBlock.forward`` (subclasses that override it are not covered) with a ``gamma``."""
+        from timm.models.convnext import ConvNeXtBlock
+
+        return (
+            getattr(type(block), "forward", None) is ConvNeXtBlock.forward
+            and getattr(block, "gamma", None) is not None
+            and all(isinstance(getattr(block, name, None), nn.Module) for name in ("mlp", "drop_path"))
+        )
+
+    def capture_hooks(self) -> list[Hook]:
+        """The MLP output of each call of the block (``NCHW``) and the gradient edge at ``drop_path``'s input, the
+        product of the two."""
+        block, outputs = self.module, []
+
+        def start_call(*_) -> None:
+            self.start_call()
+            outputs.clear()
+
+        def mlp_output(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+            outputs.append(out if block.use_conv_mlp else out.permute(0, 3, 1, 2))
+
+        def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+            self.capture(outputs.pop(), output_edge(args[0]))
+
+        return [
+            Hook(block, True, start_call, first=False),
+            Hook(block.mlp, False, mlp_output),
+            Hook(block.drop_path, True, scaled),
+        ]

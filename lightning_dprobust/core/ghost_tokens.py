@@ -87,8 +87,10 @@ class CrossViTTokenRule(_TokensAtPosDrop):
     def supports(model: nn.Module) -> bool:
         from timm.models.crossvit import CrossVit
 
+        # timm 1.0.31 embeds in ``_embed``; earlier 1.0 releases (1.0.29) run that code inside ``forward_features``
+        embedding = "_embed" if hasattr(CrossVit, "_embed") else "forward_features"
         return (
-            getattr(type(model), "_embed", None) is CrossVit._embed
+            getattr(type(model), embedding, None) is getattr(CrossVit, embedding)
             and len(model.patch_embed) == 2
             and model.pos_embed_0.shape[1] != model.pos_embed_1.shape[1]
             and isinstance(getattr(model, "pos_drop", None), nn.Module)

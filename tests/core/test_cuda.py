@@ -11,6 +11,7 @@ import torch
 
 from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.core.ghost import GhostClipper
+from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 from tests.core.test_ghost import MODELS, assert_engines_agree, build, images
 from tests.helpers import GradientRecorder, ZeroGradient, digits, quiet_trainer
@@ -28,16 +29,28 @@ def test_ghost_equals_vmap_on_cuda(model):
     assert_engines_agree(module, (x.cuda(), y.cuda()))
 
 
+def relative_gap(result, reference) -> float:
+    """The largest relative difference of two clipped results: per-example norms, and each clipped sum in norm."""
+    gaps = [((result.norms.cpu() - reference.norms) / reference.norms).abs().max()]
+    gaps += [(result.grads[n].cpu() - g).norm() / g.norm().clamp_min(1e-12) for n, g in reference.grads.items()]
+    return float(max(gaps))
+
+
 @pytest.mark.usefixtures("double_precision")
 @pytest.mark.parametrize("model", list(MODELS))
 def test_cuda_clipped_sum_equals_the_cpu_one(model):
+    """The ghost engine's CUDA routes give its CPU result to 1e-7, or to four times the gap of the vmap engine, which
+    runs the model as it is, where the model's own gradients differ between the devices by more: torch's CUDA
+    ``Hardswish`` and ``Hardsigmoid`` differ from the CPU ones by 3e-8 in float64 (torch 2.11, H100), so MobileNetV3's
+    logits differ by 2e-7 and its per-example gradient norms by 1e-6."""
     module = build(DPSGD, model)
-    x, y = images(module, 5)
-    cpu = GhostClipper(module, "per_example_loss", 1.0)((x, y))
-    cuda = GhostClipper(module.cuda(), "per_example_loss", 1.0)((x.cuda(), y.cuda()))
-    torch.testing.assert_close(cuda.norms.cpu(), cpu.norms, rtol=1e-7, atol=1e-12)
-    for name, grad in cpu.grads.items():
-        torch.testing.assert_close(cuda.grads[name].cpu(), grad, rtol=1e-7, atol=1e-10)
+    inputs = images(module, 5)
+    cpu = [clipper(module, "per_example_loss", 1.0)(inputs) for clipper in (GhostClipper, PerExampleClipper)]
+    module.cuda()
+    inputs = tuple(t.cuda() for t in inputs)
+    cuda = [clipper(module, "per_example_loss", 1.0)(inputs) for clipper in (GhostClipper, PerExampleClipper)]
+    model_gap = relative_gap(cuda[1], cpu[1])
+    assert relative_gap(cuda[0], cpu[0]) <= max(1e-7, 4 * model_gap)
 
 
 @pytest.mark.parametrize("engine", ["vmap", "ghost"])

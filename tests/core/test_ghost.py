@@ -180,6 +180,19 @@ def test_rules_cover_the_registry_models_without_fallback():
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
 
 
+def test_the_crossvit_rule_reads_timm_releases_that_embed_inside_forward_features(monkeypatch):
+    """timm 1.0.29's ``CrossVit`` has no ``_embed``: its ``forward_features`` embeds. The rule then checks that
+    method (it raised AttributeError), and still refuses a subclass that replaces it."""
+    from timm.models.crossvit import CrossVit
+
+    crossvit = next(m for m in build(DPSGD, "timm/crossvit_tiny_240").modules() if isinstance(m, CrossVit))
+    assert CrossViTTokenRule.supports(crossvit)
+    monkeypatch.delattr(CrossVit, "_embed", raising=False)  # absent in timm 1.0.29
+    assert CrossViTTokenRule.supports(crossvit)
+    crossvit.__class__ = type("OwnFeatures", (CrossVit,), {"forward_features": lambda self, x: x})
+    assert not CrossViTTokenRule.supports(crossvit)
+
+
 class ViewMajor(DPCert):
     """A loss that lays the views out view-major: rows are no longer grouped by example."""
 

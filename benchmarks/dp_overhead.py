@@ -83,6 +83,10 @@ CASES = {
     "crossvit_tiny/b64": ("timm/crossvit_tiny_240", (3, 96, 96), 64, {"img_size": 96, "img_scale": (1.0, 1.0)}),
     # MetaFormer: GroupNorm1, per-channel layer and residual scales, StarReLU
     "poolformer_s12/b64": ("timm/poolformer_s12", (3, 32, 32), 64, {}),
+    # Swin: window attention with a relative position bias table (composite rule: the attention re-run per example)
+    "swin_tiny/b64": ("timm/swin_tiny_patch4_window7_224", (3, 64, 64), 64, {"img_size": 64, "window_size": 4}),
+    # ResMLP: each block's two layer scales (composite rule: the block re-run per example)
+    "resmlp_12/b64": ("timm/resmlp_12_224", (3, 32, 32), 64, {"img_size": 32}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
     "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }

@@ -29,11 +29,14 @@ Assumptions, checked where possible:
     * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
     The first call compares this engine's per-example norms with the vmap engine's on a few examples (in eval
     mode, so that dropout cannot differ) and refuses to continue (or falls back to vmap) on a mismatch.
-Parameters without a rule (a module owning parameters and sub-layers with parameters, parameters tied between
-modules) are handled by the vmap engine, restricted to those parameters; their per-example gradients enter the same
-norms. At every step, the autograd graph of the losses is checked (``core/ghost_graph.py``) for a rule's parameter
-that gets gradient outside its layer's captured calls (a weight penalty in the loss, a weight used without calling
-its layer); such a rule's parameters move to the vmap engine before any norm is computed, so the result stays exact.
+A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its
+own parameters (:class:`~lightning_dprobust.core.ghost_layers.CompositeRule`); calls nest, and the graph check
+follows them. Parameters without a rule (tied between modules, owned by a stochastic module or by one holding more
+than a quarter of the model) are handled by the vmap engine, restricted to those parameters; their per-example
+gradients enter the same norms. At every step, the autograd graph of the losses is checked
+(``core/ghost_graph.py``) for a rule's parameter that gets gradient outside its layer's captured calls (a weight
+penalty in the loss, a weight used without calling its layer); such a rule's parameters move to the vmap engine
+before any norm is computed, so the result stays exact.
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ from lightning_dprobust.core.ghost_graph import reaches, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
     ChannelScaleRule,
+    CompositeRule,
     LayerRule,
     LayerScaleRule,
     LinearRule,
     MaterializedRule,
     example_rows,
+    parameter_count,
     runs_forward_of,
     split_rows,
 )
@@ -88,8 +93,9 @@ def _is_stochastic(module: nn.Module) -> bool:
     )
 
 
-def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
-    """The rule for a module's own trainable parameters (``local -> full name``), or ``None`` (vmap fallback).
+def _rule_for(module: nn.Module, names: dict[str, str], total_parameters: int) -> LayerRule | None:
+    """The rule for a module's own trainable parameters (``local -> full name``), or ``None`` (vmap fallback);
+    ``total_parameters`` is the model's count, which bounds the modules a :class:`CompositeRule` re-runs.
 
     The closed-form rules need the layer's own ``weight`` / ``bias`` (not, e.g., the ``weight_g`` and ``weight_v`` of
     ``nn.utils.weight_norm``, whose hook forms the weight). A parametrization's originals
@@ -120,9 +126,12 @@ def _rule_for(module: nn.Module, names: dict[str, str]) -> LayerRule | None:
         return NormRule(module, names)
     if isinstance(module, ParametrizationList):
         return None
-    has_param_children = any(True for child in module.children() for _ in child.parameters())
-    if not has_param_children and not _is_stochastic(module):
+    if _is_stochastic(module):
+        return None
+    if not any(True for child in module.children() for _ in child.parameters()):
         return MaterializedRule(module, names)
+    if CompositeRule.small_enough(module, total_parameters):
+        return CompositeRule(module, names)
     return None
 
 
@@ -138,6 +147,7 @@ def plan_rules(module: nn.Module, parameter_names: Collection[str] | None = None
         for p in sub.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
     rules, leftover = [], []
+    total_parameters = parameter_count(p for p in module.parameters() if p.requires_grad)
     for prefix, sub in module.named_modules():
         names = {local: f"{prefix}.{local}" if prefix else local for local, p in sub.named_parameters(recurse=False)}
         names = {
@@ -148,7 +158,7 @@ def plan_rules(module: nn.Module, parameter_names: Collection[str] | None = None
         if not names:
             continue
         shared = any(owners[id(getattr(sub, local))] > 1 for local in names)
-        rule = None if shared else _rule_for(sub, names)
+        rule = None if shared else _rule_for(sub, names, total_parameters)
         if rule is None:
             leftover.extend(names.values())
         else:

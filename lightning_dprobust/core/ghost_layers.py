@@ -23,15 +23,17 @@ Convolutions (``core/ghost_conv.py``) and GroupNorm / LayerNorm (``core/ghost_no
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import combinations
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 from torch.func import functional_call, vjp, vmap
+from torch.nn.parameter import is_lazy
 
 from lightning_dprobust.core.ghost_graph import sequence_marker
 
@@ -67,6 +69,10 @@ class Capture:
     shape: torch.Size
     start: int = -1
     grad: Tensor | None = None
+    others: tuple[tuple, dict] = ((), {})
+    """The call's other positional and keyword arguments, and ``output`` its output, for a rule that re-runs a module
+    that takes several (:class:`CompositeRule`)."""
+    output: Tensor | None = None
 
     def check_unchanged(self) -> None:
         """Refuse an input modified in place after the layer used it (the captured activations would be stale)."""
@@ -220,15 +226,17 @@ class LayerRule:
         """Per-example gradients ``local name -> [B, *shape]`` of one call, from its input and output gradient."""
         raise NotImplementedError
 
+    def gradients_of(self, call: Capture, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        """Per-example gradients of one captured call, given its output gradient."""
+        return self.call_gradients(call.inputs, grad, examples)
+
     def stream(self, call: Capture, grad: Tensor | None, examples: int) -> None:
         """Called during the backward with the call's output gradient: adds the call's per-example gradients to
         :attr:`streamed` and drops the call's input, so neither the input nor the output gradient outlives it."""
         call.check_unchanged()
         if grad is not None:
-            self.streamed = _added(
-                self.streamed or {}, self.call_gradients(call.inputs, grad.view(call.shape), examples)
-            )
-        call.inputs = None
+            self.streamed = _added(self.streamed or {}, self.gradients_of(call, grad.view(call.shape), examples))
+        call.inputs, call.others, call.output = None, ((), {}), None
 
     def keeps_per_example(self, examples: int) -> bool:
         """Whether this forward's per-example gradients are materialized and kept until the clip factors are known
@@ -243,7 +251,7 @@ class LayerRule:
         self.streamed = None
         for call in self.calls:
             if call.grad is not None:
-                total = _added(total, self.call_gradients(call.inputs, call.grad, examples))
+                total = _added(total, self.gradients_of(call, call.grad, examples))
         return total
 
     def sq_norms(self, examples: int) -> Tensor:
@@ -336,8 +344,8 @@ class _OwnForward(nn.Module):
         super().__init__()
         self.layer = layer
 
-    def forward(self, inputs: Tensor) -> Tensor:
-        return self.layer.forward(inputs)
+    def forward(self, *args: object, **kwargs: object) -> Tensor:
+        return self.layer.forward(*args, **kwargs)
 
 
 class MaterializedRule(LayerRule):
@@ -361,14 +369,37 @@ class MaterializedRule(LayerRule):
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
         """The layer's own ``forward`` re-run (:class:`_OwnForward`) on each example's captured input and pulled back
         from its output gradient."""
-        params = {f"layer.{local}": p.detach() for local, p in self.tensors().items()}
+        return self._rerun(inputs, grad, examples)[1]
 
-        def example_grads(a: Tensor, g: Tensor) -> dict[str, Tensor]:
-            _, pullback = vjp(lambda p: functional_call(self._unhooked, p, (a,), strict=False), params)
-            return {name.removeprefix("layer."): grad for name, grad in pullback(g)[0].items()}
+    def _rerun(
+        self,
+        inputs: Tensor,
+        grad: Tensor,
+        examples: int,
+        others: tuple[tuple, dict] = ((), {}),
+        split: Set = frozenset(),
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``vmap(vjp)`` of the module's own ``forward`` on each example's rows of ``inputs``, with the other arguments
+        ``others`` (those whose positions or names are in ``split`` split by example too, the rest passed whole):
+        the outputs ``[B, N / B, ...]`` and the per-example gradients of the module's own parameters (zeros where
+        an output's shape is not its gradient's: a wrong split). Under ``no_grad``: the re-run builds no graph for
+        sub-layers' parameters."""
+        params = {f"layer.{local}": p.detach() for local, p in self.tensors().items()}
+        rest, kwargs = others
+        mine = {key: group_rows(v, examples) for key, v in [*enumerate(rest), *kwargs.items()] if key in split}
+
+        def example_grads(a: Tensor, g: Tensor, own: dict) -> tuple[Tensor, dict[str, Tensor]]:
+            args = (a, *(own.get(i, v) for i, v in enumerate(rest)))
+            named = {k: own.get(k, v) for k, v in kwargs.items()}
+            out, pullback = vjp(lambda p: functional_call(self._unhooked, p, args, named, strict=False), params)
+            grads = (
+                pullback(g)[0] if out.shape == g.shape else {name: torch.zeros_like(p) for name, p in params.items()}
+            )
+            return out, {name.removeprefix("layer."): grad for name, grad in grads.items()}
 
         try:
-            return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples))
+            with torch.no_grad():
+                return vmap(example_grads)(group_rows(inputs, examples), group_rows(grad, examples), mine)
         except RuntimeError as error:
             if "random" not in str(error):
                 raise
@@ -380,6 +411,75 @@ class MaterializedRule(LayerRule):
 
     def keeps_per_example(self, examples: int) -> bool:
         return True
+
+
+class CompositeRule(MaterializedRule):
+    """A module that owns parameters and calls sub-layers with parameters of their own: Swin's window attention and
+    its relative position bias table (Liu et al. 2021, arXiv 2103.14030), LeViT's attention biases, the layer scales
+    of ResMLP's blocks (Touvron et al. 2021, arXiv 2105.03404). Its own parameters' per-example gradients come from
+    ``vmap(vjp)`` of its ``forward`` re-run on each example's captured arguments, the sub-layers' parameters held
+    fixed (their own rules cover them).
+
+    Cost: about one more forward and backward of the module, so modules holding more than :attr:`MAX_SHARE` of the
+    model's trainable parameters are left to the vmap engine (:meth:`small_enough`). Assumptions, as for
+    :class:`MaterializedRule`: the module is deterministic (no active dropout or drop path inside it; checked when
+    planning) and returns one tensor. Its first argument holds the call's rows. Another tensor argument with as many
+    rows may be per row (a padding mask) or shared (Swin's window mask, when a batch's rows are as many as its
+    windows): such arguments are split by example first, then fewer of them, until a re-run reproduces the call's
+    output; a call that none reproduces is refused.
+    """
+
+    MAX_SHARE = 0.25
+    REPRODUCED = 1e-2
+    """Relative L2 distance under which a re-run's outputs reproduce the call's (float32 and TF32 rounding differ
+    between batch shapes; a wrong split of an argument gives distances of order one)."""
+
+    @staticmethod
+    def small_enough(module: nn.Module, total_parameters: int) -> bool:
+        """Whether ``module`` (sub-layers included) holds at most :attr:`MAX_SHARE` of ``total_parameters``."""
+        return parameter_count(module.parameters()) <= CompositeRule.MAX_SHARE * total_parameters
+
+    def _capture_call(self, mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
+        if not args or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
+            raise RuntimeError(
+                f"{type(mod).__name__} owns parameters and sub-layers, and the ghost engine re-runs it on each "
+                "example's rows: it needs a tensor as its first argument and one tensor out; use engine='vmap'"
+            )
+        self.capture(args[0], output_edge(out))
+        call = self.calls[-1]
+        call.others = (tuple(map(_detached, args[1:])), {k: _detached(v) for k, v in kwargs.items()})
+        call.output = out.detach()
+
+    def gradients_of(self, call: Capture, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        rest, kwargs = call.others
+        rows = call.inputs.shape[0]
+        with_rows = {
+            key
+            for key, v in [*enumerate(rest), *kwargs.items()]
+            if isinstance(v, Tensor) and v.dim() and v.shape[0] == rows
+        }
+        for size in range(len(with_rows), -1, -1):  # every such argument split first, then fewer
+            for split in combinations(sorted(with_rows, key=str), size):
+                outputs, grads = self._rerun(call.inputs, grad, examples, call.others, set(split))
+                outputs = outputs.flatten(0, 1)
+                if outputs.shape == call.output.shape and self._reproduces(outputs, call.output):
+                    return grads
+        raise RuntimeError(
+            f"re-running {type(self.module).__name__} on each example's arguments does not reproduce its output: it "
+            "mixes examples or draws random numbers; use engine='vmap'"
+        )
+
+    def _reproduces(self, outputs: Tensor, output: Tensor) -> bool:
+        return bool((outputs - output).norm() <= self.REPRODUCED * output.norm())
+
+
+def parameter_count(parameters: Iterable[Tensor]) -> int:
+    """The number of values of ``parameters``; a lazy module's uninitialized ones count none."""
+    return sum(p.numel() for p in parameters if not is_lazy(p))
+
+
+def _detached(value: object) -> object:
+    return value.detach() if isinstance(value, Tensor) else value
 
 
 def _scale_types() -> dict[type, str]:

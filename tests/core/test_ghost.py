@@ -10,7 +10,7 @@ from torch import nn
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
-from lightning_dprobust.core.ghost_layers import ChannelScaleRule, LayerScaleRule, LinearRule
+from lightning_dprobust.core.ghost_layers import ChannelScaleRule, CompositeRule, LayerScaleRule, LinearRule
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.ghost_tokens import CrossViTTokenRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
@@ -24,6 +24,14 @@ CROSSVIT_KWARGS = {
     "embed_dim": [16, 32],
     "num_heads": [2, 2],
     "mlp_ratio": [2, 2, 1],
+}
+SWIN_KWARGS = {
+    "img_size": 16,
+    "patch_size": 2,
+    "window_size": 4,
+    "embed_dim": 16,
+    "depths": (2, 2),
+    "num_heads": (2, 4),
 }
 MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     "cnn_tanh": ((1, 14, 14), {}),
@@ -40,6 +48,8 @@ MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
         {"img_size": 16, "patch_size": 4, "depth": 2, "init_values": 0.5},
     ),
     "preact_resnet8": ((3, 8, 8), {"dp_compatible": True}),
+    # window attention owning a relative position bias table (composite rule), shifted windows with a shared mask
+    "timm/swin_tiny_patch4_window7_224": ((3, 16, 16), SWIN_KWARGS | {"drop_path_rate": 0.0}),
     # depthwise convolutions (kept, and dropped on the 1x1 maps), GroupNormAct with Hardswish and ReLU, squeeze-excite
     "timm/mobilenetv3_small_050": ((3, 16, 16), {}),
     # depthwise 7x7 convolutions, LayerNorm2d, layer scale (gamma: large enough to matter)
@@ -175,6 +185,7 @@ def test_rules_cover_the_registry_models_without_fallback():
         CrossViTTokenRule,
         LayerScaleRule,
         ChannelScaleRule,
+        CompositeRule,
     }
     assert kinds == rules
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)

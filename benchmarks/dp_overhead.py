@@ -87,6 +87,8 @@ CASES = {
     "swin_tiny/b64": ("timm/swin_tiny_patch4_window7_224", (3, 64, 64), 64, {"img_size": 64, "window_size": 4}),
     # ResMLP: each block's two layer scales (composite rule: the block re-run per example)
     "resmlp_12/b64": ("timm/resmlp_12_224", (3, 32, 32), 64, {"img_size": 32}),
+    # CaiT: layer-scale blocks and class-attention blocks (composite rule), the class token into the latter
+    "cait_xxs24/b64": ("timm/cait_xxs24_224", (3, 32, 32), 64, {"img_size": 32, "patch_size": 4}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
     "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }

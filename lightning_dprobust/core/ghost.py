@@ -66,7 +66,7 @@ from lightning_dprobust.core.ghost_layers import (
     split_rows,
 )
 from lightning_dprobust.core.ghost_norms import NormRule
-from lightning_dprobust.core.ghost_tokens import TOKEN_NAMES, CrossViTTokenRule, TokenRule
+from lightning_dprobust.core.ghost_tokens import TOKEN_NAMES, CaiTTokenRule, CrossViTTokenRule, TokenRule
 from lightning_dprobust.core.per_sample import (
     ClippedSum,
     PerExampleClipper,
@@ -122,6 +122,8 @@ def _rule_for(module: nn.Module, names: dict[str, str], total_parameters: int) -
         module
     ):
         return CrossViTTokenRule(module, names)
+    if set(names) <= CaiTTokenRule.NAMES and CaiTTokenRule.supports(module):
+        return CaiTTokenRule(module, names)
     if affine and NormRule.supports(module):
         return NormRule(module, names)
     if isinstance(module, ParametrizationList):

@@ -73,6 +73,8 @@ class Capture:
     """The call's other positional and keyword arguments, and ``output`` its output, for a rule that re-runs a module
     that takes several (:class:`CompositeRule`)."""
     output: Tensor | None = None
+    part: str = ""
+    """Which of a rule's capture points the call is, for a rule with several (CaiT's tokens)."""
 
     def check_unchanged(self) -> None:
         """Refuse an input modified in place after the layer used it (the captured activations would be stale)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import Hook, MaterializedRule, group_rows, output_edge
+from lightning_dprobust.core.ghost_layers import Capture, Hook, MaterializedRule, group_rows, output_edge
 
 TOKEN_NAMES = {"cls_token", "reg_token", "dist_token", "pos_embed"}
 """The parameter names :class:`TokenRule` may cover."""
@@ -104,3 +104,48 @@ class CrossViTTokenRule(_TokensAtPosDrop):
         branch = 0 if g.shape[1] == self.module.pos_embed_0.shape[1] else 1
         slices = {f"cls_token_{branch}": g[:, :1], f"pos_embed_{branch}": g}
         return {k: v.unsqueeze(1) for k, v in slices.items() if k in self.names}
+
+
+class CaiTTokenRule(MaterializedRule):
+    """timm ``Cait``'s ``pos_embed`` and ``cls_token`` (Touvron et al. 2021, "Going deeper with image transformers",
+    arXiv 2103.17239). The position embedding is added to the patch embeddings (captured at ``pos_drop``'s input,
+    after ``patch_embed``); the class token joins only in the class-attention blocks, expanded per row and passed to
+    the first of them as ``x_cls`` (captured there, after ``blocks``). Each example's gradient is the sum over its rows
+    of the gradient at the captured tensor."""
+
+    NAMES = frozenset({"cls_token", "pos_embed"})
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """timm's own ``forward_features`` and ``forward_cls``, with class-attention blocks."""
+        from timm.models.cait import Cait
+
+        kind = type(model)
+        return (
+            getattr(kind, "forward_features", None) is Cait.forward_features
+            and getattr(kind, "forward_cls", None) is Cait.forward_cls
+            and len(getattr(model, "blocks_token_only", None) or ()) > 0
+            and all(isinstance(getattr(model, name, None), nn.Module) for name in ("patch_embed", "pos_drop", "blocks"))
+        )
+
+    def capture_hooks(self) -> list[Hook]:
+        cait = self.module
+
+        def at(part: str, position: int):
+            def capture(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+                self.capture(args[position], output_edge(args[position]))
+                self.calls[-1].part = part
+
+            return capture
+
+        return [
+            Hook(cait.patch_embed, False, self.start_call, first=False),
+            Hook(cait.pos_drop, True, at("pos_embed", 0)),
+            Hook(cait.blocks, False, self.start_call, first=False),
+            Hook(cait.blocks_token_only[0], True, at("cls_token", 1)),
+        ]
+
+    def gradients_of(self, call: Capture, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        if call.part not in self.names:
+            return {}
+        return {call.part: group_rows(grad, examples).sum(dim=1).unsqueeze(1)}

@@ -12,7 +12,7 @@ from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rul
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_layers import ChannelScaleRule, CompositeRule, LayerScaleRule, LinearRule
 from lightning_dprobust.core.ghost_norms import NormRule
-from lightning_dprobust.core.ghost_tokens import CrossViTTokenRule, TokenRule
+from lightning_dprobust.core.ghost_tokens import CaiTTokenRule, CrossViTTokenRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
 from lightning_dprobust.robustness.attacks import build_attack
@@ -33,6 +33,7 @@ SWIN_KWARGS = {
     "depths": (2, 2),
     "num_heads": (2, 4),
 }
+CAIT_KWARGS = {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 3, "num_heads": 2, "init_values": 0.5}
 MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     "cnn_tanh": ((1, 14, 14), {}),
     "mlp_tanh": ((1, 8, 8), {}),
@@ -50,6 +51,8 @@ MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     "preact_resnet8": ((3, 8, 8), {"dp_compatible": True}),
     # window attention owning a relative position bias table (composite rule), shifted windows with a shared mask
     "timm/swin_tiny_patch4_window7_224": ((3, 16, 16), SWIN_KWARGS | {"drop_path_rate": 0.0}),
+    # layer-scale blocks (composite rule), then class-attention blocks that take the class token as a second input
+    "timm/cait_xxs24_224": ((3, 16, 16), CAIT_KWARGS),
     # depthwise convolutions (kept, and dropped on the 1x1 maps), GroupNormAct with Hardswish and ReLU, squeeze-excite
     "timm/mobilenetv3_small_050": ((3, 16, 16), {}),
     # depthwise 7x7 convolutions, LayerNorm2d, layer scale (gamma: large enough to matter)
@@ -133,6 +136,14 @@ def test_dpcert_augmentation_groups(model, variant):
     assert_engines_agree(module, inputs)
 
 
+@pytest.mark.parametrize("model", ["timm/swin_tiny_patch4_window7_224", "timm/cait_xxs24_224"])
+def test_dpcert_augmentation_groups_through_re_run_modules_and_cait_tokens(model):
+    """Three rows per example through the composite rule's re-runs (Swin's window attention, CaiT's blocks and
+    class-attention blocks with their second input) and CaiT's token rule."""
+    module = build(DPCert, model, num_augmentations=2, **DPCERT_VARIANTS[0])
+    assert_engines_agree(module, module.training_inputs(images(module, 3, seed=2)))
+
+
 @pytest.mark.parametrize("clipping", ["psac", "automatic"])
 def test_dpcert_psac_and_automatic_clipping(clipping):
     module = build(DPCert, "cnn_tanh", num_augmentations=1)
@@ -183,6 +194,7 @@ def test_rules_cover_the_registry_models_without_fallback():
         NormRule,
         TokenRule,
         CrossViTTokenRule,
+        CaiTTokenRule,
         LayerScaleRule,
         ChannelScaleRule,
         CompositeRule,

@@ -26,7 +26,7 @@ from lightning_dprobust.core.ghost_layers import (
 )
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
-from tests.core.test_ghost import CROSSVIT_KWARGS, SWIN_KWARGS
+from tests.core.test_ghost import CAIT_KWARGS, CROSSVIT_KWARGS, SWIN_KWARGS
 
 pytestmark = pytest.mark.usefixtures("double_precision")
 
@@ -621,6 +621,7 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/deit_tiny_distilled_patch16_224", (3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
         ("timm/crossvit_tiny_240", (3, 48, 48), CROSSVIT_KWARGS),  # two branches' tokens, one shared pos_drop
         ("timm/swin_tiny_patch4_window7_224", (3, 16, 16), SWIN_KWARGS),  # window attention re-run, drop path on
+        ("timm/cait_xxs24_224", (3, 16, 16), CAIT_KWARGS),  # class token into the class-attention blocks
     ],
 )
 @pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])

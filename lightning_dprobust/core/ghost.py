@@ -110,7 +110,7 @@ def _rule_for(module: nn.Module, names: dict[str, str], total_parameters: int) -
         return Conv1dRule(module, names)
     if affine and runs_forward_of(module, nn.Embedding) and EmbeddingRule.supports(module):
         return EmbeddingRule(module, names)
-    if set(names) == {"gamma"} and LayerScaleRule.supports(module):
+    if LayerScaleRule.supports(module, names):
         return LayerScaleRule(module, names)
     if ChannelScaleRule.supports(module):
         return ChannelScaleRule(module, names)

@@ -23,7 +23,7 @@ Convolutions (``core/ghost_conv.py``) and GroupNorm / LayerNorm (``core/ghost_no
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Collection, Iterable, Set
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import combinations
@@ -425,7 +425,8 @@ class CompositeRule(MaterializedRule):
     Cost: about one more forward and backward of the module, so modules holding more than :attr:`MAX_SHARE` of the
     model's trainable parameters are left to the vmap engine (:meth:`small_enough`). Assumptions, as for
     :class:`MaterializedRule`: the module is deterministic (no active dropout or drop path inside it; checked when
-    planning) and returns one tensor. Its first argument holds the call's rows. Another tensor argument with as many
+    planning). Calls with a tensor first and one tensor out are re-run (others go to the vmap engine); the first
+    argument holds the call's rows. Another tensor argument with as many
     rows may be per row (a padding mask) or shared (Swin's window mask, when a batch's rows are as many as its
     windows): such arguments are split by example first, then fewer of them, until a re-run reproduces the call's
     output; a call that none reproduces is refused.
@@ -442,11 +443,10 @@ class CompositeRule(MaterializedRule):
         return parameter_count(module.parameters()) <= CompositeRule.MAX_SHARE * total_parameters
 
     def _capture_call(self, mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
+        """Captures a call with a tensor first and one tensor out; another call is not captured, so its parameters'
+        gradient comes from outside the rule's calls and the graph check moves them to the vmap engine."""
         if not args or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
-            raise RuntimeError(
-                f"{type(mod).__name__} owns parameters and sub-layers, and the ghost engine re-runs it on each "
-                "example's rows: it needs a tensor as its first argument and one tensor out; use engine='vmap'"
-            )
+            return
         self.capture(args[0], output_edge(out))
         call = self.calls[-1]
         call.others = (tuple(map(_detached, args[1:])), {k: _detached(v) for k, v in kwargs.items()})
@@ -518,52 +518,112 @@ class ChannelScaleRule(MaterializedRule):
         return type(self.module) is LayerScale2d or len(getattr(self.module, "shape", ())) == 3
 
     def call_gradients(self, inputs: Tensor, grad: Tensor, examples: int) -> dict[str, Tensor]:
-        rows = group_rows(grad * inputs, examples)  # [B, k, ...]
-        if self.channels_first:
-            rows = rows.movedim(2, -1)
-        return {local: rows.reshape(examples, -1, rows.shape[-1]).sum(dim=1) for local in self.names}
+        return dict.fromkeys(self.names, channel_sums(inputs, grad, examples, self.channels_first))
 
 
-class LayerScaleRule(ChannelScaleRule):
-    """timm ``ConvNeXtBlock``'s ``gamma`` (Liu et al. 2022, "A ConvNet for the 2020s", arXiv 2201.03545: layer scale,
-    one factor per channel on the block's MLP output before the residual add).
+def channel_sums(inputs: Tensor, grad: Tensor, examples: int, channels_first: bool) -> Tensor:
+    """``[B, C]``: each example's gradient of a per-channel scale ``gamma * x``, the sum over its positions (and rows)
+    of ``g * x``; the channels are dim 1 (``NCHW``) or the last dim."""
+    rows = group_rows(grad * inputs, examples)  # [B, k, ...]
+    if channels_first:
+        rows = rows.movedim(2, -1)
+    return rows.reshape(examples, -1, rows.shape[-1]).sum(dim=1)
 
-    The product is linear in ``gamma``, so each example's gradient is the sum over positions of ``g * y``, with ``y``
-    the MLP output (captured at ``mlp``'s output, in ``NCHW`` order) and ``g`` the gradient at the product (captured
-    at ``drop_path``'s input, so stochastic depth changes nothing): :class:`ChannelScaleRule`'s formula on ``NCHW``
-    maps, captured at other points.
+
+class Branch(NamedTuple):
+    """Where a block's per-channel scale acts: ``scale * branch(...)`` is passed to ``drop``."""
+
+    branch: str
+    """The sub-layer whose output is scaled."""
+    drop: str
+    """The sub-layer the product is passed to (stochastic depth, or ``nn.Identity``)."""
+    layout: Callable[[nn.Module, Tensor], Tensor] = lambda block, y: y
+    """The branch output in the product's layout (the block may permute it before scaling)."""
+
+
+def _block_scales() -> dict[type, tuple[bool, dict[str, Branch]]]:
+    """timm blocks that own per-channel scales on their sub-layers' outputs -> (channels first, scale -> branch)."""
+    from timm.models.cait import LayerScaleBlock, LayerScaleBlockClassAttn
+    from timm.models.convnext import ConvNeXtBlock
+    from timm.models.mlp_mixer import ResBlock
+
+    cait = {"gamma_1": Branch("attn", "drop_path"), "gamma_2": Branch("mlp", "drop_path")}
+    return {
+        ConvNeXtBlock: (
+            True,
+            {"gamma": Branch("mlp", "drop_path", lambda b, y: y if b.use_conv_mlp else y.permute(0, 3, 1, 2))},
+        ),
+        LayerScaleBlock: (False, cait),
+        LayerScaleBlockClassAttn: (False, cait),
+        ResBlock: (
+            False,
+            {
+                "ls1": Branch("linear_tokens", "drop_path", lambda b, y: y.transpose(1, 2)),
+                "ls2": Branch("mlp_channels", "drop_path"),
+            },
+        ),
+    }
+
+
+class LayerScaleRule(MaterializedRule):
+    """Per-channel scales that timm blocks own and apply to a sub-layer's output before the residual add: ConvNeXt's
+    ``gamma`` (Liu et al. 2022, arXiv 2201.03545), CaiT's ``gamma_1`` and ``gamma_2`` in its layer-scale and
+    class-attention blocks (Touvron et al. 2021, arXiv 2103.17239), ResMLP's ``ls1`` and ``ls2`` (Touvron et al.
+    2021, arXiv 2105.03404).
+
+    The product is linear in the scale, so each example's gradient is the sum over positions of ``g * y``, with ``y``
+    the branch's output (captured at its output, in the product's layout) and ``g`` the gradient at the product
+    (captured at the input of the layer it is passed to, so stochastic depth changes nothing): :func:`channel_sums`,
+    captured at other points. A block's branches run in order, each product passed on before the next branch runs,
+    so each capture of a product pairs with the oldest branch output not yet paired.
     """
 
-    channels_first = True
-
     @staticmethod
-    def supports(block: nn.Module) -> bool:
-        """timm's own ``ConvNeXtBlock.forward`` (subclasses that override it are not covered) with a ``gamma``."""
-        from timm.models.convnext import ConvNeXtBlock
-
+    def supports(block: nn.Module, names: Collection[str]) -> bool:
+        """An exact type of :func:`_block_scales` (subclasses may change ``forward``) whose sub-layers are present,
+        for parameters among its scales."""
+        spec = _block_scales().get(type(block))
         return (
-            getattr(type(block), "forward", None) is ConvNeXtBlock.forward
-            and getattr(block, "gamma", None) is not None
-            and all(isinstance(getattr(block, name, None), nn.Module) for name in ("mlp", "drop_path"))
+            spec is not None
+            and set(names) <= set(spec[1])
+            and all(isinstance(getattr(block, b.branch, None), nn.Module) for b in spec[1].values())
+            and all(isinstance(getattr(block, b.drop, None), nn.Module) for b in spec[1].values())
         )
 
+    @cached_property
+    def channels_first(self) -> bool:
+        return _block_scales()[type(self.module)][0]
+
     def capture_hooks(self) -> list[Hook]:
-        """The MLP output of each call of the block (``NCHW``) and the gradient edge at ``drop_path``'s input, the
-        product of the two."""
-        block, outputs = self.module, []
+        """Each branch's output per call of the block, and the gradient edge at the input of the layer its product
+        goes to."""
+        block, pending = self.module, []
+        branches = _block_scales()[type(block)][1]
 
         def start_call(*_) -> None:
             self.start_call()
-            outputs.clear()
+            pending.clear()
 
-        def mlp_output(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
-            outputs.append(out if block.use_conv_mlp else out.permute(0, 3, 1, 2))
+        def branch_output(name: str, layout: Callable) -> Callable:
+            def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+                pending.append((name, layout(block, out)))
+
+            return hook
 
         def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-            self.capture(outputs.pop(), output_edge(args[0]))
+            name, y = pending.pop(0)
+            self.capture(y, output_edge(args[0]))
+            self.calls[-1].part = name
 
+        outputs = [Hook(getattr(block, b.branch), False, branch_output(n, b.layout)) for n, b in branches.items()]
+        drops = {b.drop for b in branches.values()}
         return [
             Hook(block, True, start_call, first=False),
-            Hook(block.mlp, False, mlp_output),
-            Hook(block.drop_path, True, scaled),
+            *outputs,
+            *(Hook(getattr(block, d), True, scaled) for d in drops),
         ]
+
+    def gradients_of(self, call: Capture, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        if call.part not in self.names:
+            return {}
+        return {call.part: channel_sums(call.inputs, grad, examples, self.channels_first)}

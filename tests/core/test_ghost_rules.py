@@ -17,6 +17,7 @@ from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_layers import (
     ChannelScaleRule,
+    LayerScaleRule,
     LinearRule,
     MaterializedRule,
     example_rows,
@@ -716,3 +717,30 @@ def test_embeddings_outside_the_rule_keep_the_generic_rule(embedding):
     counts: neither is the one-hot linear map the rule computes."""
     rules, leftover = plan_rules(embedding)
     assert [type(rule) for rule in rules] == [MaterializedRule] and not leftover
+
+
+def test_resmlp_blocks_layer_scales():
+    """timm's ResMLP (Touvron et al. 2021, arXiv 2105.03404): each ``ResBlock`` owns ``ls1`` (on its token-mixing
+    layer's output, transposed) and ``ls2`` (on its channel MLP's): the block scale rule, no re-run; ``Affine``
+    normalization gets the generic rule."""
+    from timm.models.mlp_mixer import Affine, MlpMixer, ResBlock
+
+    torch.manual_seed(0)
+    mixer = MlpMixer(
+        10, img_size=8, patch_size=2, num_blocks=4, embed_dim=8, block_layer=ResBlock, norm_layer=Affine, mlp_ratio=4
+    )
+    net = Wrapped(mixer)
+    rules, leftover = plan_rules(net)
+    assert not leftover
+    assert {type(rule) for rule in rules if rule.module in set(mixer.blocks)} == {LayerScaleRule}
+    generator = torch.Generator().manual_seed(8)
+    _assert_ghost_equals_vmap(net, (torch.rand(5, 3, 8, 8, generator=generator), torch.randint(0, 10, (5,))))
+
+
+class Wrapped(nn.Module):
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def per_example_loss(self, x, y):
+        return F.cross_entropy(self.net(x), y, reduction="none")

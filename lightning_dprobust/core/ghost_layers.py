@@ -416,9 +416,10 @@ class MaterializedRule(LayerRule):
 
 
 class CompositeRule(MaterializedRule):
-    """A module that owns parameters and calls sub-layers with parameters of their own: Swin's window attention and
-    its relative position bias table (Liu et al. 2021, arXiv 2103.14030), LeViT's attention biases, the layer scales
-    of ResMLP's blocks (Touvron et al. 2021, arXiv 2105.03404). Its own parameters' per-example gradients come from
+    """A module that owns parameters and calls sub-layers with parameters of their own, where no closed form applies
+    (blocks' scales on a sub-layer's output have one, :class:`LayerScaleRule`): Swin's window attention and its
+    relative position bias table (Liu et al. 2021, arXiv 2103.14030), LeViT's and EfficientFormer's attention biases,
+    a self-attention layer's output scale. Its own parameters' per-example gradients come from
     ``vmap(vjp)`` of its ``forward`` re-run on each example's captured arguments, the sub-layers' parameters held
     fixed (their own rules cover them).
 

@@ -428,8 +428,8 @@ class CompositeRule(MaterializedRule):
     :class:`MaterializedRule`: the module is deterministic (no active dropout or drop path inside it; checked when
     planning). Calls with a tensor first and one tensor out are re-run (others go to the vmap engine); the first
     argument holds the call's rows. Another tensor argument with as many
-    rows may be per row (a padding mask) or shared (Swin's window mask, when a batch's rows are as many as its
-    windows): such arguments are split by example first, then fewer of them, until a re-run reproduces the call's
+    rows may be per row (a padding mask) or shared (Swin's window mask, one per window, when the batch holds one
+    example): such arguments are split by example first, then fewer of them, until a re-run reproduces the call's
     output; a call that none reproduces is refused.
     """
 

@@ -51,7 +51,7 @@ MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     "preact_resnet8": ((3, 8, 8), {"dp_compatible": True}),
     # window attention owning a relative position bias table (composite rule), shifted windows with a shared mask
     "timm/swin_tiny_patch4_window7_224": ((3, 16, 16), SWIN_KWARGS | {"drop_path_rate": 0.0}),
-    # layer-scale blocks (composite rule), then class-attention blocks that take the class token as a second input
+    # blocks' layer scales (block scale rule), class-attention blocks that take the class token as a second input
     "timm/cait_xxs24_224": ((3, 16, 16), CAIT_KWARGS),
     # depthwise convolutions (kept, and dropped on the 1x1 maps), GroupNormAct with Hardswish and ReLU, squeeze-excite
     "timm/mobilenetv3_small_050": ((3, 16, 16), {}),
@@ -137,9 +137,9 @@ def test_dpcert_augmentation_groups(model, variant):
 
 
 @pytest.mark.parametrize("model", ["timm/swin_tiny_patch4_window7_224", "timm/cait_xxs24_224"])
-def test_dpcert_augmentation_groups_through_re_run_modules_and_cait_tokens(model):
-    """Three rows per example through the composite rule's re-runs (Swin's window attention, CaiT's blocks and
-    class-attention blocks with their second input) and CaiT's token rule."""
+def test_dpcert_augmentation_groups_through_re_runs_block_scales_and_cait_tokens(model):
+    """Three rows per example through the composite rule's re-runs (Swin's window attention), the block scale rule
+    (CaiT's blocks and class-attention blocks) and CaiT's token rule."""
     module = build(DPCert, model, num_augmentations=2, **DPCERT_VARIANTS[0])
     assert_engines_agree(module, module.training_inputs(images(module, 3, seed=2)))
 

@@ -200,9 +200,10 @@ class LayerRule:
         """Mark where a call starts: the nodes it creates are numbered after this (``core/ghost_graph.py``)."""
         self.start = sequence_marker()
 
-    def capture(self, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
-        """Record one call: the tensor the rule differentiates at and its output's :func:`output_edge`."""
-        self.calls.append(Capture(tensor.detach(), tensor._version, *output, self.start))
+    def capture(self, tensor: Tensor, edge: tuple[object, torch.Size], **details: object) -> None:
+        """Record one call: the tensor the rule differentiates at, its output's :func:`output_edge`, and the
+        :class:`Capture` fields a rule reads besides (``others``, ``output``, ``part``)."""
+        self.calls.append(Capture(tensor.detach(), tensor._version, *edge, self.start, **details))
 
     def _capture_call(self, mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
         self.capture(one_tensor_call(mod, args, kwargs, out), output_edge(out))
@@ -448,10 +449,8 @@ class CompositeRule(MaterializedRule):
         gradient comes from outside the rule's calls and the graph check moves them to the vmap engine."""
         if not args or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
             return
-        self.capture(args[0], output_edge(out))
-        call = self.calls[-1]
-        call.others = (tuple(map(_detached, args[1:])), {k: _detached(v) for k, v in kwargs.items()})
-        call.output = out.detach()
+        others = (tuple(map(_detached, args[1:])), {k: _detached(v) for k, v in kwargs.items()})
+        self.capture(args[0], output_edge(out), others=others, output=out.detach())
 
     def gradients_of(self, call: Capture, grad: Tensor, examples: int) -> dict[str, Tensor]:
         rest, kwargs = call.others
@@ -613,8 +612,7 @@ class LayerScaleRule(MaterializedRule):
 
         def scaled(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             name, y = pending.pop(0)
-            self.capture(y, output_edge(args[0]))
-            self.calls[-1].part = name
+            self.capture(y, output_edge(args[0]), part=name)
 
         outputs = [Hook(getattr(block, b.branch), False, branch_output(n, b.layout)) for n, b in branches.items()]
         drops = {b.drop for b in branches.values()}

@@ -133,8 +133,7 @@ class CaiTTokenRule(MaterializedRule):
 
         def at(part: str, position: int):
             def capture(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-                self.capture(args[position], output_edge(args[position]))
-                self.calls[-1].part = part
+                self.capture(args[position], output_edge(args[position]), part=part)
 
             return capture
 

@@ -51,6 +51,12 @@ from torch.nn.utils.parametrize import ParametrizationList
 
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
+from lightning_dprobust.core.ghost_functional import (
+    BroadcastRule,
+    broadcast_rules,
+    capture_broadcasts,
+    capture_functional_linears,
+)
 from lightning_dprobust.core.ghost_graph import reaches, stray_rules
 from lightning_dprobust.core.ghost_layers import (
     Capture,
@@ -64,6 +70,7 @@ from lightning_dprobust.core.ghost_layers import (
     parameter_count,
     runs_forward_of,
     split_rows,
+    squared_norms,
 )
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.ghost_tokens import TOKEN_NAMES, CaiTTokenRule, CrossViTTokenRule, TokenRule
@@ -72,7 +79,6 @@ from lightning_dprobust.core.per_sample import (
     PerExampleClipper,
     clip_factors,
     float32_products,
-    per_example_norms,
 )
 
 log = logging.getLogger(__name__)
@@ -80,6 +86,22 @@ log = logging.getLogger(__name__)
 VERIFY_EXAMPLES = 3
 """Examples of the first batch on which the ghost norms are checked against the vmap engine."""
 _VERIFY_RTOL = 1e-3
+_VERIFY_SHARE = 1e-5
+"""Each rule's squared norms are checked too, to ``2 _VERIFY_RTOL`` relative and this fraction of the example's total
+squared norm absolute (float32 rounding of a parameter whose gradient is nearly zero): a parameter with a small share
+of the norm could otherwise be wrong unseen."""
+
+
+STRAY = "get gradient outside their layers' calls (e.g. a penalty on the weights in the loss)"
+UNSPLIT = (
+    "have layer calls whose rows are not a multiple of the examples, so not split by example (e.g. a layer applied "
+    "once to a tensor the whole batch shares)"
+)
+
+UNVERIFIED = (
+    "are used outside any layer call and their per-example norms differed from the vmap engine's on the first step "
+    "(rows that are not examples', e.g. a parameter broadcast over tokens, or a layer input laid out token-major)"
+)
 
 
 class EngineMismatch(RuntimeError):
@@ -159,12 +181,14 @@ def plan_rules(module: nn.Module, parameter_names: Collection[str] | None = None
         }
         if not names:
             continue
-        shared = any(owners[id(getattr(sub, local))] > 1 for local in names)
-        rule = None if shared else _rule_for(sub, names, total_parameters)
-        if rule is None:
+        if any(owners[id(getattr(sub, local))] > 1 for local in names):
             leftover.extend(names.values())
-        else:
-            rules.append(rule)
+            continue
+        rule = _rule_for(sub, names, total_parameters)
+        found = [rule] if rule is not None else broadcast_rules(sub, names)  # uses captured on the graph
+        rules.extend(found)
+        if not found:
+            leftover.extend(names.values())
     return rules, leftover
 
 
@@ -265,6 +289,7 @@ class GhostClipper:
         self.max_physical_batch_size = max_physical_batch_size
         self.on_mismatch = on_mismatch
         self.rules, self.fallback_names = plan_rules(module, parameter_names)
+        self._functional: list[LayerRule] = []  # linear rules whose weight F.linear uses outside the layer's calls
         self._fallback = self._fallback_clipper()
         self._verified = False
         self._use_reference = False
@@ -281,18 +306,19 @@ class GhostClipper:
             self.module, self.loss_method, self.max_grad_norm, clipping=self.clipping, parameter_names=names
         )
 
-    def _to_fallback(self, stray: list[LayerRule]) -> None:
-        """Hand the parameters of ``stray`` rules (used outside their layer calls) to the vmap engine, for good."""
+    def _to_fallback(self, stray: list[LayerRule], reason: str) -> None:
+        """Hand the parameters of ``stray`` rules to the vmap engine, for good; ``reason`` says why (for the log)."""
         names = [name for rule in stray for name in rule.names.values()]
         log.warning(
-            "ghost engine: %s get gradient outside their layers' calls (e.g. a penalty on the weights in the loss); "
-            "their per-example gradients now come from the vmap engine (engine='auto': every parameter's, from the "
-            "next step on)",
+            "ghost engine: %s %s; their per-example gradients now come from the vmap engine (engine='auto': every "
+            "parameter's, from the next step on)",
             names,
+            reason,
         )
         for rule in stray:
             rule.reset()
         self.rules = [rule for rule in self.rules if all(rule is not s for s in stray)]
+        self._functional = [rule for rule in self._functional if all(rule is not s for s in stray)]
         self.fallback_names = self.fallback_names + names
         self._fallback = self._fallback_clipper()
         # from the next call on, vmap alone: under "auto" (its fallback's per-example pass costs about as much as
@@ -314,6 +340,8 @@ class GhostClipper:
 
     def _clipped_sum(self, batch: tuple[Tensor, ...]) -> ClippedSum:
         size = batch[0].shape[0]
+        if size == 1 and not self._verified:  # one example cannot show rows laid out otherwise than by example
+            return self.reference(batch)
         if size and not self._verified:
             self._verify(batch)
         if self._use_reference:
@@ -340,14 +368,17 @@ class GhostClipper:
         }
 
     # -------------------------------------------------------------------------------------------- internals
-    def _clipped_part(self, part: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def _clipped_part(
+        self, part: tuple[Tensor, ...], shares: dict[tuple[str, ...], Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Norms, losses and clipped sums of one chunk. The per-example gradients of the layers that keep them and of
         the vmap fallback are one ``[B, P]`` matrix (:func:`example_rows`): one norm and one weighted sum for all of
-        them (ResNet-18: 40 GroupNorm tensors and the stem), the other rules give their own norms and sums."""
+        them (ResNet-18: 40 GroupNorm tensors and the stem), the other rules give their own norms and sums.
+        ``shares``, when given, receives each rule's (or kept gradient's) squared norms, keyed by parameter names."""
         losses = self._output_gradients(part)  # the caller's TF32 setting
         per_example = self._kept_gradients(part[0].shape[0])  # the caller's TF32 setting too (class docstring)
         with float32_products():
-            return self._norms_and_sums(part, losses, per_example)
+            return self._norms_and_sums(part, losses, per_example, shares)
 
     def _kept_gradients(self, examples: int) -> dict[str, Tensor]:
         """``full name -> [B, *shape]``: the per-example gradients of the layers that keep them, streamed during the
@@ -360,15 +391,23 @@ class GhostClipper:
         return per_example
 
     def _norms_and_sums(
-        self, part: tuple[Tensor, ...], losses: Tensor, per_example: dict[str, Tensor]
+        self,
+        part: tuple[Tensor, ...],
+        losses: Tensor,
+        per_example: dict[str, Tensor],
+        shares: dict[tuple[str, ...], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Norms and clipped sums from the kept per-example gradients ``per_example``, the vmap fallback's and the
         other rules' (a layer the forward did not use has zero gradient)."""
         examples = part[0].shape[0]
         summed = [rule for rule in self.rules if rule.calls]  # the kept layers' calls are gone
-        sq = torch.stack([rule.sq_norms(examples) for rule in summed] or [losses.new_zeros(examples)]).sum(dim=0)
+        squares = [rule.sq_norms(examples) for rule in summed]
+        sq = torch.stack(squares or [losses.new_zeros(examples)]).sum(dim=0)
         if self._fallback is not None:
             per_example.update(self._fallback.per_example_gradients(part)[0])
+        if shares is not None:
+            shares.update({tuple(rule.names.values()): share for rule, share in zip(summed, squares, strict=True)})
+            shares.update({(name,): squared_norms(g) for name, g in per_example.items()})
         rows = example_rows(per_example, examples) if per_example else None
         if rows is not None:
             sq = sq + torch.linalg.vector_norm(rows, dim=1).square().to(sq.dtype)
@@ -396,9 +435,13 @@ class GhostClipper:
             losses = getattr(self.module, self.loss_method)(*part)
         if losses.shape != (examples,):
             raise ValueError(f"{self.loss_method} must return one loss per example, got shape {tuple(losses.shape)}")
-        stray = stray_rules(losses, self.rules)
+        self._capture_on_graph(losses)
+        stray = self._stray_rules(losses)
         if stray:
-            self._to_fallback(stray)
+            self._to_fallback(stray, STRAY)
+        unsplit = [rule for rule in self.rules if any(call.shape[0] % examples for call in rule.calls)]
+        if unsplit:
+            self._to_fallback(unsplit, UNSPLIT)
         streamed = streamed_rules(self.rules, examples)
         chosen = {id(rule) for rule in streamed}
         calls = [call for rule in self.rules if id(rule) not in chosen for call in rule.calls]
@@ -408,6 +451,27 @@ class GhostClipper:
             call.grad = grad.view(call.shape) if grad is not None else call.inputs.new_zeros(call.shape)
             call.check_unchanged()
         return losses.detach()
+
+    def _capture_on_graph(self, losses: Tensor) -> None:
+        """Capture the uses that no forward hook sees (``core/ghost_functional.py``): the broadcast parameters', and the
+        ``F.linear`` products of the linear layers found used so at an earlier step."""
+        broadcast = [rule for rule in self.rules if isinstance(rule, BroadcastRule)]
+        if broadcast:
+            capture_broadcasts(losses, broadcast)
+        if self._functional:
+            capture_functional_linears(losses, self._functional)
+
+    def _stray_rules(self, losses: Tensor) -> list[LayerRule]:
+        """The rules whose parameters get gradient outside their captured calls, after capturing the ``F.linear``
+        products of the linear layers among them (which are then captured at every step; a graph walk more)."""
+        stray = stray_rules(losses, self.rules)
+        known = {id(rule) for rule in self._functional}
+        functional = [rule for rule in stray if type(rule) is LinearRule and id(rule) not in known]
+        if not functional:
+            return stray
+        self._functional = self._functional + functional
+        capture_functional_linears(losses, functional)
+        return stray_rules(losses, self.rules)
 
     @contextlib.contextmanager
     def _hooks(self):
@@ -434,26 +498,52 @@ class GhostClipper:
         self.module.eval()
         try:
             with _without_onednn(), float32_products():
-                ours = self._clipped_part(part)[0]
-                reference = [self._reference_norm(tuple(t[i : i + 1] for t in part)) for i in range(len(ours))]
-            reference = torch.cat(reference)
+                shares: dict[tuple[str, ...], Tensor] = {}
+                ours = self._clipped_part(part, shares)[0]
+                reference = self._reference_squares(part)
         finally:
             for m, training in modes.items():
                 m.train(training)
         self._verified = True
-        if torch.allclose(ours, reference, rtol=_VERIFY_RTOL, atol=1e-7):
+        total = torch.stack(list(reference.values())).sum(dim=0)
+        differing = [
+            list(names)
+            for names, share in shares.items()
+            if not torch.allclose(
+                share, sum(reference[name] for name in names), rtol=2 * _VERIFY_RTOL, atol=_VERIFY_SHARE * total.max()
+            )
+        ]
+        if torch.allclose(ours, total.sqrt(), rtol=_VERIFY_RTOL, atol=1e-7) and not differing:
+            return
+        captured = self._captured_on_graph()
+        if differing and all(set(names) <= captured.keys() for names in differing):
+            moved = {id(captured[name]): captured[name] for names in differing for name in names}
+            self._to_fallback(list(moved.values()), UNVERIFIED)
             return
         message = (
-            f"ghost engine per-example norms {ours.tolist()} differ from the vmap engine's {reference.tolist()}: "
-            "the loss does not lay out example rows consecutively, a layer mixes examples, or the model draws "
-            "randomness in eval mode (e.g. residual noise with noise_at_eval)"
+            f"ghost engine per-example norms {ours.tolist()} (those of {differing[:3]} among them) differ from the "
+            f"vmap engine's {total.sqrt().tolist()}: the loss does not lay out example rows consecutively, a layer "
+            "mixes examples or sees rows that are not examples' (a parameter broadcast over tokens), or the model "
+            "draws randomness in eval mode (e.g. residual noise with noise_at_eval)"
         )
         if self.on_mismatch == "raise":
             raise EngineMismatch(message + "; use engine='vmap'")
         log.warning("%s; using the vmap engine", message)
         self._use_reference = True
 
-    def _reference_norm(self, example: tuple[Tensor, ...]) -> Tensor:
-        """The vmap engine's gradient norm of one example; one example at a time, so that the check holds one
-        parameter-sized gradient at most (as much as a non-private step), not one per checked example."""
-        return per_example_norms(self.reference.per_example_gradients(example)[0])
+    def _captured_on_graph(self) -> dict[str, LayerRule]:
+        """Full name -> rule, for the parameters whose uses are captured on the graph (broadcast parameters, linear
+        weights used by ``F.linear``): captures made where no layer call marks the rows, so that a first-step
+        mismatch there sends those parameters to the vmap engine instead of failing the step."""
+        rules = [rule for rule in self.rules if isinstance(rule, BroadcastRule)] + self._functional
+        return {name: rule for rule in rules for name in rule.names.values()}
+
+    def _reference_squares(self, part: tuple[Tensor, ...]) -> dict[str, Tensor]:
+        """``name -> [B]``: the vmap engine's squared gradient norms of each parameter, one example at a time, so that
+        the check holds one parameter-sized gradient at most (as much as a non-private step), not one per checked
+        example."""
+        squares: dict[str, list[Tensor]] = {}
+        for i in range(part[0].shape[0]):
+            for name, g in self.reference.per_example_gradients(tuple(t[i : i + 1] for t in part))[0].items():
+                squares.setdefault(name, []).append(squared_norms(g))
+        return {name: torch.cat(values) for name, values in squares.items()}

@@ -109,11 +109,6 @@ def unfold_patches(inputs: Tensor, conv: nn.Conv2d) -> Tensor:
     unfolded along the width (``[N, W', H, kw, C]``, about ``kh / sh`` times fewer values than the patches), from
     which each patch's ``kh`` rows are one run of ``kh kw C`` values.
     """
-    if inputs.dim() != 4:
-        raise RuntimeError(
-            f"a convolution saw a {inputs.dim()}-D input: the ghost engine needs batched [N, C, H, W] inputs; "
-            "use DPCallback(engine='vmap') for convolutions called on single images"
-        )
     (ph, pw), (kh, kw), (dh, dw), (sh, sw) = conv.padding, conv.kernel_size, conv.dilation, conv.stride
     x = torch.nn.functional.pad(inputs.contiguous(memory_format=torch.channels_last), (pw, pw, ph, ph))
     # padding keeps the channels-last order, except for 1x1 maps (stored both ways): there this call copies
@@ -176,6 +171,14 @@ class Conv2dRule(LinearRule):
     def reset(self) -> None:
         super().reset()
         self._keeps: bool | None = None
+
+    def capture(self, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
+        if tensor.dim() != 4:
+            raise RuntimeError(
+                f"a convolution saw a {tensor.dim()}-D input: the ghost engine needs batched [N, C, H, W] inputs; "
+                "use DPCallback(engine='vmap') for convolutions called on single images"
+            )
+        super().capture(tensor, output)
 
     # ------------------------------------------------------------------------------------ choice of route
     def _materializes(self, examples: int) -> bool:

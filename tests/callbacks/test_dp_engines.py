@@ -36,17 +36,18 @@ def test_ghost_and_vmap_engines_train_to_the_same_parameters(tmp_path, method):
     assert ghost_callback.ledger.history == vmap_callback.ledger.history
 
 
-class ScaledLogits(torch.nn.Module):
-    """A linear layer whose logits are scaled by a parameter of the module that owns the layer: ``scale`` has no
-    ghost rule, so ``engine="ghost"`` takes its per-example gradients from the vmap engine, restricted to it."""
+class MixedLogits(torch.nn.Module):
+    """A linear layer whose logits are mixed by a matrix product with a parameter of the module that owns the layer:
+    ``mix`` has no ghost rule and no graph capture, so ``engine="ghost"`` takes its per-example gradients from the
+    vmap engine, restricted to it."""
 
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(64, 10)
-        self.scale = torch.nn.Parameter(torch.ones(10))
+        self.mix = torch.nn.Parameter(torch.eye(10) + 0.1 * torch.randn(10, 10))
 
     def forward(self, x):
-        return self.linear(x.flatten(1)) * self.scale
+        return self.linear(x.flatten(1)) @ self.mix
 
 
 def test_ghost_with_a_vmap_fallback_trains_as_the_vmap_engine(tmp_path):
@@ -55,10 +56,10 @@ def test_ghost_with_a_vmap_fallback_trains_as_the_vmap_engine(tmp_path):
     models = []
     for _ in range(2):
         torch.manual_seed(1)
-        models.append(ScaledLogits())
+        models.append(MixedLogits())
     vmap_callback, vmap_params = train(tmp_path, "vmap", model=models[0])
     ghost_callback, ghost_params = train(tmp_path, "ghost", model=models[1])
-    assert ghost_callback._clipper.fallback_names == ["model.scale"]
+    assert ghost_callback._clipper.fallback_names == ["model.mix"]
     torch.testing.assert_close(ghost_params, vmap_params, rtol=1e-4, atol=1e-5)
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
+from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import ChannelScaleRule, CompositeRule, LayerScaleRule, LinearRule
 from lightning_dprobust.core.ghost_norms import NormRule
 from lightning_dprobust.core.ghost_tokens import CaiTTokenRule, CrossViTTokenRule, TokenRule
@@ -62,6 +63,28 @@ MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     # two members, each a GroupNorm ResNet8 with its residual blocks hooked (noise off: gamma = 0 by default)
     "residual_perturbation": ((3, 8, 8), {"base_kwargs": {"dp_compatible": True}, "ensemble_size": 2}),
 }
+# timm transformers whose parameters outside layer calls are captured on the graph (core/ghost_functional.py)
+GRAPH_CAPTURED = {
+    # class token and absolute position embedding, blocks' gamma_1/gamma_2, attention's qkv.weight through F.linear
+    "timm/beit_base_patch16_224": (
+        (3, 16, 16),
+        {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2, "use_abs_pos_emb": True},
+    ),
+    # class token and position embedding, rotary embeddings (buffers), qkv.weight through F.linear
+    "timm/eva02_tiny_patch14_224": ((3, 16, 16), {"img_size": 16, "patch_size": 4, "depth": 2}),
+    # four stages' class tokens, convolutional relative position encodings
+    "timm/coat_lite_tiny": (
+        (3, 32, 32),
+        {
+            "img_size": 32,
+            "embed_dims": [16, 16, 16, 16],
+            "serial_depths": [1, 1, 1, 1],
+            "num_heads": 8,
+            "mlp_ratios": [2, 2, 2, 2],
+        },
+    ),
+}
+MODELS |= GRAPH_CAPTURED
 DPCERT_VARIANTS = [
     {"augmentation": "gaussian", "regularizer": "none"},
     {"augmentation": "gaussian", "regularizer": "stability"},
@@ -198,6 +221,7 @@ def test_rules_cover_the_registry_models_without_fallback():
         LayerScaleRule,
         ChannelScaleRule,
         CompositeRule,
+        BroadcastRule,
     }
     assert kinds == rules
     assert all(not plan_rules(build(DPSGD, model))[1] for model in MODELS)
@@ -236,30 +260,34 @@ def test_a_loss_that_breaks_the_row_layout_is_caught_on_the_first_step():
     assert auto._use_reference
 
 
-class SharedToken(nn.Module):
-    """A module owning a parameter and a child with parameters: no layer rule, handled by the vmap fallback."""
+class Projected(nn.Module):
+    """A module owning a projection it applies by a matrix product, and a child with parameters: no layer rule, and
+    no graph capture either (``core/ghost_functional.py`` takes expands, adds and products that broadcast a
+    parameter, and ``F.linear`` products of a linear layer's weight)."""
 
     def __init__(self):
         super().__init__()
-        self.scale = nn.Parameter(torch.tensor(1.5))
-        self.fc = nn.Linear(64, 10)
+        self.proj = nn.Parameter(torch.randn(64, 16) / 8)
+        self.fc = nn.Linear(16, 10)
 
     def forward(self, x):
-        return self.fc(x.flatten(1) * self.scale)
+        return self.fc(x.flatten(1) @ self.proj)
 
 
-def test_parameters_without_a_rule_fall_back_to_vmap_and_auto_picks_vmap():
-    module = DPSGD(model=SharedToken(), num_classes=10, input_shape=(1, 8, 8))
+def test_parameters_without_a_rule_fall_back_to_vmap_and_auto_switches_to_vmap():
+    module = DPSGD(model=Projected(), num_classes=10, input_shape=(1, 8, 8))
     ghost = GhostClipper(module, "per_example_loss", 0.1)
-    assert ghost.fallback_names == ["model.scale"]
     inputs = images(module, 5, seed=6)
     expected = PerExampleClipper(module, "per_example_loss", 0.1)(inputs)
     actual = ghost(inputs)
+    assert ghost.fallback_names == ["model.proj"]
     torch.testing.assert_close(actual.norms, expected.norms)
     for name in expected.grads:
         torch.testing.assert_close(actual.grads[name], expected.grads[name])
-    clipper, choice = build_clipper("auto", module, "per_example_loss", 0.1)
-    assert isinstance(clipper, PerExampleClipper) and "model.scale" in choice
+    auto, choice = build_clipper("auto", module, "per_example_loss", 0.1)
+    assert isinstance(auto, GhostClipper) and "BroadcastRule: 1" in choice
+    torch.testing.assert_close(auto(inputs).norms, expected.norms)
+    assert auto._use_reference  # vmap for every parameter from then on
 
 
 def test_in_place_change_of_a_captured_input_is_refused():

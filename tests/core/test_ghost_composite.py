@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
+from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import CompositeRule
 from tests.core.test_ghost_rules import _assert_ghost_equals_vmap
 
@@ -123,17 +124,22 @@ def test_a_parameter_used_inside_another_composites_call_is_stray(monkeypatch):
     _assert_ghost_equals_vmap(net, tokens())
 
 
-def test_stochastic_or_large_owners_are_left_to_vmap(monkeypatch):
+def test_stochastic_or_large_owners_are_not_re_run(monkeypatch):
     """Dropout inside the owner: a re-run cannot replay its draws. An owner holding more than a quarter of the model's
-    parameters: a re-run would cost about what the vmap engine does."""
+    parameters: a re-run would cost about what the vmap engine does. Neither is re-run; the gate, a product with a
+    branch's output, is captured on the graph instead (``core/ghost_functional.py``), which needs no re-run."""
     net = Net(Gated(dropout=0.5))
     monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
-    assert rule_of(net, net.block) == (None, ["block.gate"])
+    rule, leftover = rule_of(net, net.block)
+    assert type(rule) is BroadcastRule and rule.names == {"gate": "block.gate"} and not leftover
     monkeypatch.undo()
+    torch.manual_seed(0)
     net = Net(Gated())
     share = sum(p.numel() for p in net.block.parameters()) / sum(p.numel() for p in net.parameters())
     assert share > CompositeRule.MAX_SHARE
-    assert rule_of(net, net.block) == (None, ["block.gate"])
+    rule, leftover = rule_of(net, net.block)
+    assert type(rule) is BroadcastRule and not leftover
+    _assert_ghost_equals_vmap(net, tokens())
 
 
 class Pair(nn.Module):

@@ -46,12 +46,41 @@ class WeightOutsideCall(DPSGD):
 
 
 class FunctionalUse(DPSGD):
-    """``fc1.weight`` used through ``F.linear`` without calling ``fc1``: no call is ever captured for it."""
+    """``fc1.weight`` used through ``F.linear`` without calling ``fc1``, with another bias (twice ``fc1``'s): the
+    product's output gradient is not that of ``fc1``'s bias, so the product is not captured as a call of ``fc1``
+    (``core/ghost_functional.py``)."""
 
     def per_example_loss(self, x, y):
         net = self.model
-        h = F.linear(torch.tanh(net.conv(x)).flatten(1), net.fc1.weight, net.fc1.bias)
+        h = F.linear(torch.tanh(net.conv(x)).flatten(1), net.fc1.weight, 2 * net.fc1.bias)
         return F.cross_entropy(net.fc2(torch.tanh(h)), y, reduction="none")
+
+
+class CalledAndFunctional(DPSGD):
+    """``fc1`` called, and its weight also used through ``F.linear`` on another input, with ``fc1``'s bias or with
+    none. With the bias, both are calls of ``fc1``'s rule (the second captured on the graph), each counted once;
+    without, the product's output gradient is not the bias's, so it is not captured and ``fc1`` goes to vmap."""
+
+    with_bias = True
+
+    def per_example_loss(self, x, y):
+        net = self.model
+        features = torch.tanh(net.conv(x)).flatten(1)
+        bias = net.fc1.bias if self.with_bias else None
+        h = net.fc1(features) + F.linear(features.flip(1), net.fc1.weight, bias)
+        return F.cross_entropy(net.fc2(torch.tanh(h)), y, reduction="none")
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_a_layer_both_called_and_used_through_f_linear_stays_exact(with_bias):
+    torch.manual_seed(0)
+    module = CalledAndFunctional(model=Net(), num_classes=10, input_shape=(1, 8, 8))
+    module.with_bias = with_bias
+    ghost = assert_equal_to_vmap(module)
+    if with_bias:
+        assert not ghost.fallback_names and [rule.names["weight"] for rule in ghost._functional] == ["model.fc1.weight"]
+    else:
+        assert set(ghost.fallback_names) == {"model.fc1.weight", "model.fc1.bias"}
 
 
 def batch(size: int = 6, seed: int = 0):

@@ -1,0 +1,193 @@
+"""Per-example gradients of parameters used by functional calls outside any layer call, captured on the autograd
+graph after the forward.
+
+**Broadcast parameters** (:class:`BroadcastRule`): class, register and distillation tokens (``token.expand(B, -1,
+-1)``, then concatenated to the patch embeddings), position embeddings (``x + pos_embed``) and scales (``gamma *
+branch(x)``), in any model (BEiT, EVA, XCiT, CoaT, a user's own vision transformer or block). Such a use is one
+autograd node, an expand, an add or a product, and the gradient ``g`` at its output gives each row's gradient of the
+parameter: ``g`` itself for an expand or an add, ``g * y`` for a product with ``y``, summed over the dims the
+parameter was broadcast along. An example's gradient is the sum over its rows. :func:`capture_broadcasts` finds the
+nodes that take each covered parameter and captures each node's output edge as a call of that one node (``y``, which
+autograd saved for the product's backward, is its input). Planned for the parameters no other rule covers
+(:func:`broadcast_rules`).
+
+**Linear weights used by** ``F.linear`` **without calling their layer** (BEiT's and EVA's attention, which add a bias
+of their own to ``qkv.weight``'s product): the product node (``addmm`` or ``mm`` of the input rows and ``weight.t()``,
+with the layer's own bias or, when the layer has none to clip, any) is captured as a call of the layer's
+:class:`~lightning_dprobust.core.ghost_layers.LinearRule`, with the input rows autograd saved for it
+(:func:`capture_functional_linears`); the rule then treats it as any call of the layer.
+
+Any other use (a slice or a resampled copy of an embedding, an add with ``alpha``, the parameter twice in one node, a
+product with the weight untransposed, a penalty in the loss) is not captured, so the graph check
+(``core/ghost_graph.py``) finds the parameter reached outside its rule's calls and moves it to the vmap engine: a
+capture is exact where it is made at all. Rows are assumed to be examples' (consecutive), as for every rule; the
+first-step check compares each rule's norms with the vmap engine's (a parameter broadcast over tokens instead of
+examples fails it). Relies on private autograd attributes: a node's ``_input_metadata`` (the shape of the gradient it
+receives), its ``_saved_*`` tensors and scalars, and (``ghost_graph``) ``_sequence_nr``; where torch lacks one,
+nothing is captured and the vmap engine takes over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import GradientEdge
+from torch.nn.utils.parametrize import ParametrizationList
+
+from lightning_dprobust.core.ghost_layers import Capture, Hook, LinearRule, MaterializedRule, group_rows
+
+
+@dataclass
+class BroadcastUse(Capture):
+    """One captured use: ``inputs`` is the other factor ``y`` of a product (``scaled``), else the parameter itself
+    (so that the version check sees an in-place change of either); ``part`` is the parameter's local name."""
+
+    scaled: bool = False
+
+
+class BroadcastRule(MaterializedRule):
+    """Parameters used whole by an expand, an add or a product that broadcasts them over the rows (module
+    docstring)."""
+
+    def capture_hooks(self) -> list[Hook]:
+        return []  # captured on the graph after the forward (capture_broadcasts)
+
+    def gradients_of(self, call: BroadcastUse, grad: Tensor, examples: int) -> dict[str, Tensor]:
+        parameter = self.tensors()[call.part]
+        rows = group_rows(grad * call.inputs if call.scaled else grad, examples).sum(dim=1)  # [B, *row shape]
+        per_example = rows.sum_to_size(examples, *_row_shape(parameter, grad.dim()))
+        return {call.part: per_example.reshape(examples, *parameter.shape).to(parameter.dtype)}
+
+
+def broadcast_rules(module: nn.Module, names: dict[str, str]) -> list[BroadcastRule]:
+    """One :class:`BroadcastRule` per parameter of ``module`` among ``names`` (``local -> full name``, none of which
+    has another rule), so that a use one of them makes outside the rule sends only that one to the vmap engine; none
+    for a parametrization's originals, which are used through the parametrization only."""
+    if isinstance(module, ParametrizationList):
+        return []
+    return [BroadcastRule(module, {local: full}) for local, full in names.items()]
+
+
+def capture_broadcasts(losses: Tensor, rules: list[BroadcastRule]) -> None:
+    """Capture, on the autograd graph of ``losses``, every use of the rules' parameters that broadcasts the whole
+    parameter over the rows of the node's output (:func:`_use`); other uses are left uncaptured (module docstring)."""
+    owners = {id(p): (rule, local, p) for rule in rules for local, p in rule.tensors().items()}
+    examples = losses.shape[0]
+    for node, variable, _ in _parameter_uses(losses, owners):
+        rule, local, parameter = owners[id(variable)]
+        use = _use(node, parameter, examples)
+        if use is not None:
+            factor, shape = use
+            inputs = parameter.detach() if factor is None else factor
+            edge, start = GradientEdge(node, 0), node._sequence_nr() - 1  # the call is this node alone
+            call = BroadcastUse(inputs, inputs._version, edge, shape, start, part=local, scaled=factor is not None)
+            rule.calls.append(call)
+
+
+def capture_functional_linears(losses: Tensor, rules: list[LinearRule]) -> None:
+    """Capture, as calls of their rules, the products ``x @ weight.t()`` (``F.linear``) of the rules' weights made
+    outside the layers' own calls, with the input rows ``x`` autograd saved for them; other uses are left uncaptured
+    (module docstring). Each product node is one call (its start just before its ``t`` node)."""
+    owners = {id(rule.module.weight): rule for rule in rules if "weight" in rule.names}
+    examples = losses.shape[0]
+    for node, variable, parents in _parameter_uses(losses, owners):
+        rule = owners[id(variable)]
+        if node.name() != "TBackward0" or len(parents) != 1 or any(_inside(node, call) for call in rule.calls):
+            continue
+        product, position = parents[0]
+        inputs = _product_rows(product, position)
+        if inputs is not None and inputs.shape[0] % examples == 0 and _same_bias(product, rule):
+            edge, shape = GradientEdge(product, 0), torch.Size((inputs.shape[0], rule.module.weight.shape[0]))
+            rule.calls.append(Capture(inputs.detach(), inputs._version, edge, shape, node._sequence_nr() - 1))
+
+
+def _inside(node: object, call: Capture) -> bool:
+    return call.start < node._sequence_nr() <= call.edge.node._sequence_nr()
+
+
+def _same_bias(product: object, rule: LinearRule) -> bool:
+    """Whether ``product`` adds the rule's bias when the rule covers one (the rule reads the bias's per-example
+    gradient from the product's output gradient): an ``addmm`` whose bias is the layer's own, unchanged."""
+    if "bias" not in rule.names:
+        return True
+    bias = product.next_functions[0][0] if product.name() == "AddmmBackward0" else None
+    return getattr(bias, "variable", None) is rule.module.bias
+
+
+def _product_rows(product: object, position: int) -> Tensor | None:
+    """The input rows ``[M, d]`` of ``product`` when it is ``addmm(bias, x, weight.t())`` (``alpha`` 1) or ``mm(x,
+    weight.t())`` with ``weight.t()`` at ``position`` (its second factor), else ``None``."""
+    try:
+        if product.name() == "AddmmBackward0" and position == 2 and product._saved_alpha == 1:
+            return product._saved_mat1
+        if product.name() == "MmBackward0" and position == 1:
+            return product._saved_self
+    except (AttributeError, RuntimeError):  # no such attribute in this torch, or changed in place since
+        return None
+    return None
+
+
+def _parameter_uses(losses: Tensor, owners: dict[int, object]) -> Iterator[tuple[object, Tensor, list]]:
+    """``(node, parameter, parents)`` for each node of the losses' graph that takes one of ``owners``' parameters
+    directly (its ``AccumulateGrad`` among the node's next functions), each node once, with the ``(node, position)``
+    pairs that take ``node``."""
+    root = losses.grad_fn
+    stack, parents, uses = ([root] if root is not None else []), {}, []
+    while stack:
+        node = stack.pop()
+        used = set()
+        for position, (child, _) in enumerate(node.next_functions):
+            variable = getattr(child, "variable", None)
+            if variable is None and child is not None:
+                if child not in parents:
+                    parents[child] = []
+                    stack.append(child)
+                parents[child].append((node, position))
+            elif variable is not None and id(variable) in owners and id(variable) not in used:
+                used.add(id(variable))
+                uses.append((node, variable))
+    return ((node, variable, parents.get(node, [])) for node, variable in uses)
+
+
+def _use(node: object, parameter: Tensor, examples: int) -> tuple[Tensor | None, torch.Size] | None:
+    """``(y, output shape)`` when ``node`` is a product ``parameter * y`` (``None`` for ``y`` when it is an expand
+    or an add ``x + parameter``) that takes the parameter once and broadcasts it over its output's rows, whose
+    count is a multiple of ``examples``; otherwise ``None``."""
+    name = node.name()
+    if name not in ("ExpandBackward0", "AddBackward0", "MulBackward0"):
+        return None
+    positions = [i for i, (child, _) in enumerate(node.next_functions) if getattr(child, "variable", None) is parameter]
+    metadata = getattr(node, "_input_metadata", None)
+    if len(positions) != 1 or not metadata or len(metadata) != 1:
+        return None
+    shape = torch.Size(metadata[0].shape)
+    if not shape or shape[0] % examples or not _broadcast_over_rows(parameter, shape):
+        return None
+    if name == "AddBackward0":
+        return (None, shape) if getattr(node, "_saved_alpha", None) == 1 else None
+    if name == "ExpandBackward0":
+        return None, shape
+    try:  # the product's other factor, as autograd saved it (an in-place change since would raise here)
+        factor = node._saved_other if positions[0] == 0 else node._saved_self
+    except (AttributeError, RuntimeError):
+        return None
+    return (factor.detach(), shape) if isinstance(factor, Tensor) else None
+
+
+def _row_shape(parameter: Tensor, dims: int) -> tuple[int, ...]:
+    """The shape of one row's gradient of ``parameter`` in an output of ``dims`` dims: the parameter's shape without
+    its leading 1 when it has as many dims, else right-aligned with leading 1s."""
+    if parameter.dim() == dims:
+        return tuple(parameter.shape[1:])
+    return (1,) * (dims - 1 - parameter.dim()) + tuple(parameter.shape)
+
+
+def _broadcast_over_rows(parameter: Tensor, shape: torch.Size) -> bool:
+    """Whether ``parameter`` broadcast to ``shape`` is the same for every row (one row, or fewer dims)."""
+    if parameter.dim() > len(shape) or (parameter.dim() == len(shape) and parameter.shape[0] != 1):
+        return False
+    row = _row_shape(parameter, len(shape))
+    return all(r in (1, s) for r, s in zip(row, shape[1:], strict=True))

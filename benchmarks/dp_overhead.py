@@ -85,10 +85,20 @@ CASES = {
     "poolformer_s12/b64": ("timm/poolformer_s12", (3, 32, 32), 64, {}),
     # Swin: window attention with a relative position bias table (composite rule: the attention re-run per example)
     "swin_tiny/b64": ("timm/swin_tiny_patch4_window7_224", (3, 64, 64), 64, {"img_size": 64, "window_size": 4}),
-    # ResMLP: each block's two layer scales (composite rule: the block re-run per example)
+    # ResMLP: each block's two layer scales (block scale rule), the token-mixing one on a transposed output
     "resmlp_12/b64": ("timm/resmlp_12_224", (3, 32, 32), 64, {"img_size": 32}),
-    # CaiT: layer-scale blocks and class-attention blocks (composite rule), the class token into the latter
+    # CaiT: layer-scale blocks and class-attention blocks (block scale rule), the class token into the latter
     "cait_xxs24/b64": ("timm/cait_xxs24_224", (3, 32, 32), 64, {"img_size": 32, "patch_size": 4}),
+    # captured on the graph (core/ghost_functional.py): class tokens, position embeddings, blocks' scales, and
+    # the attention's qkv.weight used through F.linear (BEiT's blocks at ViT-Tiny's width: 192 channels, 3 heads)
+    "beit_192/b64": (
+        "timm/beit_base_patch16_224",
+        (3, 32, 32),
+        64,
+        {"img_size": 32, "patch_size": 4, "embed_dim": 192, "num_heads": 3},
+    ),
+    "eva02_tiny/b64": ("timm/eva02_tiny_patch14_224", (3, 32, 32), 64, {"img_size": 32, "patch_size": 4}),
+    "coat_lite_tiny/b64": ("timm/coat_lite_tiny", (3, 32, 32), 64, {"img_size": 32}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
     "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }

@@ -290,6 +290,11 @@ class GhostClipper:
         self.on_mismatch = on_mismatch
         self.rules, self.fallback_names = plan_rules(module, parameter_names)
         self._functional: list[LayerRule] = []  # linear rules whose weight F.linear uses outside the layer's calls
+        self._undecided = {  # composite rules whose parameters the first forward may show captured on the graph
+            id(rule): (rule, broadcast_rules(rule.module, rule.names))
+            for rule in self.rules
+            if isinstance(rule, CompositeRule)
+        }
         self._fallback = self._fallback_clipper()
         self._verified = False
         self._use_reference = False
@@ -453,17 +458,27 @@ class GhostClipper:
         return losses.detach()
 
     def _capture_on_graph(self, losses: Tensor) -> None:
-        """Capture the uses that no forward hook sees (``core/ghost_functional.py``): the broadcast parameters', and the
-        ``F.linear`` products of the linear layers found used so at an earlier step."""
-        broadcast = [rule for rule in self.rules if isinstance(rule, BroadcastRule)]
+        """Capture the uses that no forward hook sees (``core/ghost_functional.py``): the broadcast parameters', the
+        ``F.linear`` products of the linear layers found used so at an earlier step, and, on the first forward, the
+        uses of the composite rules' parameters (:meth:`_stray_rules` decides which rule keeps them)."""
+        candidates = [rule for _, found in self._undecided.values() for rule in found]
+        broadcast = [rule for rule in self.rules if isinstance(rule, BroadcastRule)] + candidates
         if broadcast:
             capture_broadcasts(losses, broadcast)
         if self._functional:
             capture_functional_linears(losses, self._functional)
 
     def _stray_rules(self, losses: Tensor) -> list[LayerRule]:
-        """The rules whose parameters get gradient outside their captured calls, after capturing the ``F.linear``
-        products of the linear layers among them (which are then captured at every step; a graph walk more)."""
+        """The rules whose parameters get gradient outside their captured calls, after two decisions made once.
+
+        * A composite rule whose parameters the first forward's graph captures at every use (a block's ``gamma *
+          branch``) gives way to those captures, which cost no re-run of the module; one whose parameters are used
+          otherwise too keeps its re-runs.
+        * A linear rule whose weight ``F.linear`` uses outside the layer's calls captures those products from then on
+          (a graph walk more per step).
+        """
+        if self._undecided:
+            self._decide_composites(losses)
         stray = stray_rules(losses, self.rules)
         known = {id(rule) for rule in self._functional}
         functional = [rule for rule in stray if type(rule) is LinearRule and id(rule) not in known]
@@ -472,6 +487,22 @@ class GhostClipper:
         self._functional = self._functional + functional
         capture_functional_linears(losses, functional)
         return stray_rules(losses, self.rules)
+
+    def _decide_composites(self, losses: Tensor) -> None:
+        """Swap each composite rule for its graph captures where every one of its parameters was captured and none is
+        stray with them (see :meth:`_stray_rules`)."""
+        swaps = {key: found for key, (rule, found) in self._undecided.items() if found and all(r.calls for r in found)}
+        self._undecided = {}
+        if not swaps:
+            return
+        tried = [rule for rule in self.rules if id(rule) not in swaps] + [r for found in swaps.values() for r in found]
+        stray = {id(rule) for rule in stray_rules(losses, tried)}
+        swapped = {key for key, found in swaps.items() if not any(id(r) in stray for r in found)}
+        for rule in self.rules:
+            if id(rule) in swapped:
+                rule.reset()
+        kept = [rule for rule in self.rules if id(rule) not in swapped]
+        self.rules = kept + [r for key in swapped for r in swaps[key]]
 
     @contextlib.contextmanager
     def _hooks(self):

@@ -29,6 +29,7 @@ nothing is captured and the vmap engine takes over.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -43,9 +44,11 @@ from lightning_dprobust.core.ghost_layers import Capture, Hook, LinearRule, Mate
 @dataclass
 class BroadcastUse(Capture):
     """One captured use: ``inputs`` is the other factor ``y`` of a product (``scaled``), else the parameter itself
-    (so that the version check sees an in-place change of either); ``part`` is the parameter's local name."""
+    (so that the version check sees an in-place change of either); ``part`` is the parameter's local name;
+    ``segment`` the parameter's place in a concatenated bias (the gradient's last dim), if it is one."""
 
     scaled: bool = False
+    segment: slice | None = None
 
 
 class BroadcastRule(MaterializedRule):
@@ -58,7 +61,10 @@ class BroadcastRule(MaterializedRule):
     def gradients_of(self, call: BroadcastUse, grad: Tensor, examples: int) -> dict[str, Tensor]:
         parameter = self.tensors()[call.part]
         rows = group_rows(grad * call.inputs if call.scaled else grad, examples).sum(dim=1)  # [B, *row shape]
-        per_example = rows.sum_to_size(examples, *_row_shape(parameter, grad.dim()))
+        if call.segment is not None:  # a piece of a bias added to every row: the sum over positions, sliced
+            per_example = rows.reshape(examples, -1, rows.shape[-1]).sum(dim=1)[:, call.segment]
+        else:
+            per_example = rows.sum_to_size(examples, *_row_shape(parameter, grad.dim()))
         return {call.part: per_example.reshape(examples, *parameter.shape).to(parameter.dtype)}
 
 
@@ -76,15 +82,26 @@ def capture_broadcasts(losses: Tensor, rules: list[BroadcastRule]) -> None:
     parameter over the rows of the node's output (:func:`_use`); other uses are left uncaptured (module docstring)."""
     owners = {id(p): (rule, local, p) for rule in rules for local, p in rule.tensors().items()}
     examples = losses.shape[0]
-    for node, variable, _ in _parameter_uses(losses, owners):
+    uses = list(_parameter_uses(losses, owners))
+    counts = Counter(id(variable) for _, variable, _ in uses)
+    for node, variable, parents in uses:
         rule, local, parameter = owners[id(variable)]
         use = _use(node, parameter, examples)
+        start = node._sequence_nr() - 1  # the call is this node (and, for a bias segment, the node it feeds)
         if use is not None:
             factor, shape = use
             inputs = parameter.detach() if factor is None else factor
-            edge, start = GradientEdge(node, 0), node._sequence_nr() - 1  # the call is this node alone
-            call = BroadcastUse(inputs, inputs._version, edge, shape, start, part=local, scaled=factor is not None)
+            call = BroadcastUse(
+                inputs, inputs._version, GradientEdge(node, 0), shape, start, part=local, scaled=factor is not None
+            )
             rule.calls.append(call)
+        elif counts[id(variable)] == 1 and (segment := _bias_segment(node, parameter, parents, examples)):
+            # its only use: the call spans the nodes from the concatenation to the add, so no other use may lie there
+            target, shape, place = segment
+            edge = GradientEdge(target, 0)
+            rule.calls.append(
+                BroadcastUse(parameter.detach(), parameter._version, edge, shape, start, part=local, segment=place)
+            )
 
 
 def capture_functional_linears(losses: Tensor, rules: list[LinearRule]) -> None:
@@ -175,6 +192,56 @@ def _use(node: object, parameter: Tensor, examples: int) -> tuple[Tensor | None,
     except (AttributeError, RuntimeError):
         return None
     return (factor.detach(), shape) if isinstance(factor, Tensor) else None
+
+
+def _bias_segment(
+    node: object, parameter: Tensor, parents: list, examples: int
+) -> tuple[object, torch.Size, slice] | None:
+    """``(node it feeds, that node's output shape, the parameter's place)`` when ``node`` concatenates the 1-D
+    ``parameter`` once with other pieces into a bias that one node adds to every row: an ``addmm`` (``F.linear``'s
+    bias, ``beta`` 1) or an add (``alpha`` 1) whose output's last dim is the bias and whose row count is a multiple of
+    ``examples`` (BEiT's and EVA's ``cat((q_bias, k_bias, v_bias))``). Piece sizes come from the parameters and the
+    shapes autograd recorded; at most one piece without gradient may have an unknown size (the zero key bias)."""
+    if node.name() != "CatBackward0" or parameter.dim() != 1 or getattr(node, "_saved_dim", None) not in (0, -1):
+        return None
+    if len(parents) != 1:
+        return None
+    target, position = parents[0]
+    name, metadata = target.name(), getattr(target, "_input_metadata", None)
+    if not metadata or len(metadata) != 1:
+        return None
+    shape = torch.Size(metadata[0].shape)
+    feeds_bias = (name == "AddmmBackward0" and position == 0 and getattr(target, "_saved_beta", None) == 1) or (
+        name == "AddBackward0" and getattr(target, "_saved_alpha", None) == 1
+    )
+    if not feeds_bias or len(shape) < 2 or shape[0] % examples:
+        return None
+    sizes = [_piece_size(child, nr) for child, nr in node.next_functions]
+    if (
+        sizes.count(None) > 1
+        or sum(child is not None and getattr(child, "variable", None) is parameter for child, _ in node.next_functions)
+        != 1
+    ):
+        return None
+    known = sum(size for size in sizes if size is not None)
+    sizes = [shape[-1] - known if size is None else size for size in sizes]
+    if min(sizes) < 0 or sum(sizes) != shape[-1]:
+        return None
+    index = next(i for i, (child, _) in enumerate(node.next_functions) if getattr(child, "variable", None) is parameter)
+    offset = sum(sizes[:index])
+    return target, shape, slice(offset, offset + sizes[index])
+
+
+def _piece_size(child: object, output_nr: int) -> int | None:
+    """The length of a 1-D piece of a concatenation from its autograd node (``None`` for a piece without gradient)."""
+    variable = getattr(child, "variable", None)
+    if variable is not None:
+        return variable.shape[0] if variable.dim() == 1 else -1
+    metadata = getattr(child, "_input_metadata", None) if child is not None else None
+    if not metadata:
+        return None
+    shape = metadata[output_nr].shape
+    return shape[0] if len(shape) == 1 else -1
 
 
 def _row_shape(parameter: Tensor, dims: int) -> tuple[int, ...]:

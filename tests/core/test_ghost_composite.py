@@ -12,6 +12,7 @@ from torch import nn
 from lightning_dprobust.core.ghost import GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import CompositeRule
+from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from tests.core.test_ghost_rules import _assert_ghost_equals_vmap
 
 pytestmark = pytest.mark.usefixtures("double_precision")
@@ -22,17 +23,23 @@ TOKENS, DIM = 5, 6
 class Gated(nn.Module):
     """Owns a per-channel gate between two linear layers, its output being the second layer's (one output edge for
     both calls). ``mask`` (``[TOKENS, DIM]``) is shared by all rows, ``shift`` (``[N, TOKENS, DIM]``) is per row;
-    ``leak`` also uses the outer layer's weight outside that layer's call."""
+    ``leak`` also uses the outer layer's weight outside that layer's call. The gate enters through a sigmoid, a use
+    that no graph capture takes (``core/ghost_functional.py``); ``gate="plain"``: a product with the gate itself
+    (captured); ``"both"``: the product with the gate, then with its sigmoid."""
 
-    def __init__(self, leak: bool = False, dropout: float = 0.0):
+    def __init__(self, leak: bool = False, dropout: float = 0.0, gate: str = "sigmoid"):
         super().__init__()
         self.gate = nn.Parameter(torch.linspace(0.5, 1.5, DIM))
         self.inner, self.outer = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
         self.drop = nn.Dropout(dropout)
-        self.leak = leak
+        self.leak, self.gate_use = leak, gate
 
     def forward(self, x, mask=None, shift=None):
-        h = self.drop(torch.tanh(self.inner(x))) * self.gate
+        h = self.drop(torch.tanh(self.inner(x)))
+        if self.gate_use in ("plain", "both"):
+            h = h * self.gate
+        if self.gate_use in ("sigmoid", "both"):
+            h = h * torch.sigmoid(self.gate)
         if mask is not None:
             h = h * mask
         if shift is not None:
@@ -124,17 +131,38 @@ def test_a_parameter_used_inside_another_composites_call_is_stray(monkeypatch):
     _assert_ghost_equals_vmap(net, tokens())
 
 
+@pytest.mark.parametrize("gate", ["plain", "sigmoid", "both"])
+def test_a_composite_gives_way_to_graph_captures_of_every_use_of_its_parameters(gate, monkeypatch):
+    """The gate as a plain product is captured on the graph at the first forward, and the owner is then not re-run;
+    through a sigmoid it is not, nor at every use when used both ways, and the composite rule keeps it. All stay
+    equal to the vmap engine, at the first step and at the next (with the rule chosen)."""
+    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+    torch.manual_seed(0)
+    net = Net(Gated(gate=gate), ("mask",))
+    inputs = tokens()
+    per_example, _ = PerExampleClipper(net, "per_example_loss", 1.0).per_example_gradients(inputs)
+    factors = clip_factors(per_example_norms(per_example), 0.5, "flat")
+    ghost = GhostClipper(net, "per_example_loss", 0.5)
+    ghost._verified = True
+    for _ in range(2):
+        actual = ghost(inputs)
+        for name, grad in per_example.items():
+            torch.testing.assert_close(actual.grads[name], torch.einsum("b,b...->...", factors, grad))
+    kinds = {type(rule) for rule in ghost.rules if "gate" in rule.names}
+    assert kinds == ({BroadcastRule} if gate == "plain" else {CompositeRule}) and not ghost.fallback_names
+
+
 def test_stochastic_or_large_owners_are_not_re_run(monkeypatch):
     """Dropout inside the owner: a re-run cannot replay its draws. An owner holding more than a quarter of the model's
     parameters: a re-run would cost about what the vmap engine does. Neither is re-run; the gate, a product with a
     branch's output, is captured on the graph instead (``core/ghost_functional.py``), which needs no re-run."""
-    net = Net(Gated(dropout=0.5))
+    net = Net(Gated(dropout=0.5, gate="plain"))
     monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
     rule, leftover = rule_of(net, net.block)
     assert type(rule) is BroadcastRule and rule.names == {"gate": "block.gate"} and not leftover
     monkeypatch.undo()
     torch.manual_seed(0)
-    net = Net(Gated())
+    net = Net(Gated(gate="plain"))
     share = sum(p.numel() for p in net.block.parameters()) / sum(p.numel() for p in net.parameters())
     assert share > CompositeRule.MAX_SHARE
     rule, leftover = rule_of(net, net.block)
@@ -143,7 +171,8 @@ def test_stochastic_or_large_owners_are_not_re_run(monkeypatch):
 
 
 class Pair(nn.Module):
-    """Owns a scale, calls a linear layer, returns two tensors."""
+    """Owns a scale (used through ``exp``, which no graph capture takes), calls a linear layer, returns two
+    tensors."""
 
     def __init__(self):
         super().__init__()
@@ -151,7 +180,7 @@ class Pair(nn.Module):
         self.fc = nn.Linear(DIM, DIM)
 
     def forward(self, x):
-        h = self.fc(x) * self.scale
+        h = self.fc(x) * self.scale.exp()
         return h, h
 
 

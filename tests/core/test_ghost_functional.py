@@ -198,7 +198,8 @@ class FusedQKV(nn.Module):
     assembles from its own ``q_bias`` and ``v_bias`` (the key bias fixed at zero), an ``addmm`` of the input rows and
     ``weight.t()``. Other uses (``product``): ``"mm"``, ``F.linear`` without bias on a non-contiguous input (an
     ``mm``), then the bias added; ``"token_major"``, the same on the input's tokens-first transpose, whose rows are
-    not grouped by example; ``"scaled"``, the product with twice the weight, which no capture takes."""
+    not grouped by example; ``"scaled"``, the product with twice the weight, which no capture takes;
+    ``"bias_reused"``, ``q_bias`` also used elsewhere, so not captured as a piece of the bias."""
 
     def __init__(self, product: str = "addmm"):
         super().__init__()
@@ -215,6 +216,8 @@ class FusedQKV(nn.Module):
             return F.linear(torch.cat([h, h], dim=-1)[..., :DIM], self.qkv.weight) + bias
         if self.product == "token_major":
             return F.linear(h.transpose(0, 1), self.qkv.weight).transpose(0, 1) + bias
+        if self.product == "bias_reused":  # q_bias also scales the input, between the concatenation and the product
+            return F.linear(h * self.q_bias.sum(), self.qkv.weight, bias)
         return F.linear(h, 2 * self.qkv.weight, bias)
 
 
@@ -229,22 +232,27 @@ class Attentive(nn.Module):
 
 @pytest.mark.parametrize("views", [1, 2])
 @pytest.mark.parametrize("product", ["addmm", "mm"])
-def test_a_linear_weight_used_by_f_linear_outside_its_layer_equals_the_vmap_engine(product, views, monkeypatch):
-    """The product is captured as a call of the layer's rule from the first step on; the module's own biases are
-    re-run (composite rule)."""
-    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+@pytest.mark.parametrize("owner", ["large", "composite"])
+def test_a_linear_weight_used_by_f_linear_outside_its_layer_equals_the_vmap_engine(product, views, owner, monkeypatch):
+    """The product is captured as a call of the layer's rule from the first step on; the module's own biases, pieces
+    of the product's bias, are captured on the graph too: planned so when their owner is too large to re-run, or
+    in place of the owner's composite rule, which then gives way."""
+    if owner == "composite":
+        monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
     torch.manual_seed(0)
     module = Rows(Attentive(product), views)
     ghost = _assert_ghost_equals_vmap(module, patches())
     assert not ghost.fallback_names
     assert [rule.names for rule in ghost._functional] == [{"weight": "net.attn.qkv.weight"}]
+    biases = {name for rule in ghost.rules if isinstance(rule, BroadcastRule) for name in rule.names}
+    assert biases == {"q_bias", "v_bias"} and not any(isinstance(rule, CompositeRule) for rule in ghost.rules)
 
 
-def test_a_linear_weight_used_on_a_scaled_copy_goes_to_vmap_and_sums_stay_exact(monkeypatch):
-    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+@pytest.mark.parametrize(("product", "moved"), [("scaled", "net.attn.qkv.weight"), ("bias_reused", "net.attn.q_bias")])
+def test_a_use_that_no_capture_takes_goes_to_vmap_and_sums_stay_exact(product, moved):
     torch.manual_seed(0)
-    ghost = _assert_ghost_equals_vmap(Rows(Attentive("scaled")), patches())
-    assert ghost.fallback_names == ["net.attn.qkv.weight"]
+    ghost = _assert_ghost_equals_vmap(Rows(Attentive(product)), patches())
+    assert ghost.fallback_names == [moved]
 
 
 @pytest.mark.parametrize("on_mismatch", ["raise", "fallback"])

@@ -54,8 +54,7 @@ from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_functional import (
     BroadcastRule,
     broadcast_rules,
-    capture_broadcasts,
-    capture_functional_linears,
+    capture_on_graph,
 )
 from lightning_dprobust.core.ghost_graph import reaches, stray_rules
 from lightning_dprobust.core.ghost_layers import (
@@ -463,10 +462,7 @@ class GhostClipper:
         uses of the composite rules' parameters (:meth:`_stray_rules` decides which rule keeps them)."""
         candidates = [rule for _, found in self._undecided.values() for rule in found]
         broadcast = [rule for rule in self.rules if isinstance(rule, BroadcastRule)] + candidates
-        if broadcast:
-            capture_broadcasts(losses, broadcast)
-        if self._functional:
-            capture_functional_linears(losses, self._functional)
+        capture_on_graph(losses, broadcast, self._functional)
 
     def _stray_rules(self, losses: Tensor) -> list[LayerRule]:
         """The rules whose parameters get gradient outside their captured calls, after two decisions made once.
@@ -485,7 +481,7 @@ class GhostClipper:
         if not functional:
             return stray
         self._functional = self._functional + functional
-        capture_functional_linears(losses, functional)
+        capture_on_graph(losses, [], functional)
         return stray_rules(losses, self.rules)
 
     def _decide_composites(self, losses: Tensor) -> None:

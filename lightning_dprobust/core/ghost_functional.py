@@ -6,25 +6,29 @@ graph after the forward.
 branch(x)``), in any model (BEiT, EVA, XCiT, CoaT, a user's own vision transformer or block). Such a use is one
 autograd node, an expand, an add or a product, and the gradient ``g`` at its output gives each row's gradient of the
 parameter: ``g`` itself for an expand or an add, ``g * y`` for a product with ``y``, summed over the dims the
-parameter was broadcast along. An example's gradient is the sum over its rows. :func:`capture_broadcasts` finds the
+parameter was broadcast along. An example's gradient is the sum over its rows. :func:`capture_on_graph` finds the
 nodes that take each covered parameter and captures each node's output edge as a call of that one node (``y``, which
-autograd saved for the product's backward, is its input). Planned for the parameters no other rule covers
-(:func:`broadcast_rules`).
+autograd saved for the product's backward, is its input). A 1-D parameter concatenated into a bias that one node
+adds to every row (BEiT's and EVA's ``cat((q_bias, k_bias, v_bias))``) is captured at that node, its piece sliced out
+of the gradient there. Planned for the parameters no other rule covers (:func:`broadcast_rules`), and tried on the
+first forward for those of the modules planned for a re-run (``CompositeRule``), which give way where every use is
+captured.
 
 **Linear weights used by** ``F.linear`` **without calling their layer** (BEiT's and EVA's attention, which add a bias
 of their own to ``qkv.weight``'s product): the product node (``addmm`` or ``mm`` of the input rows and ``weight.t()``,
 with the layer's own bias or, when the layer has none to clip, any) is captured as a call of the layer's
-:class:`~lightning_dprobust.core.ghost_layers.LinearRule`, with the input rows autograd saved for it
-(:func:`capture_functional_linears`); the rule then treats it as any call of the layer.
+:class:`~lightning_dprobust.core.ghost_layers.LinearRule`, with the input rows autograd saved for it; the rule
+then treats it as any call of the layer. :func:`capture_on_graph` makes both kinds of capture in one graph walk.
 
-Any other use (a slice or a resampled copy of an embedding, an add with ``alpha``, the parameter twice in one node, a
-product with the weight untransposed, a penalty in the loss) is not captured, so the graph check
+Any other use (a slice or a resampled copy of an embedding, an add with ``alpha``, the parameter twice in one node,
+a product with a scaled copy of the weight, a penalty in the loss) is not captured, so the graph check
 (``core/ghost_graph.py``) finds the parameter reached outside its rule's calls and moves it to the vmap engine: a
 capture is exact where it is made at all. Rows are assumed to be examples' (consecutive), as for every rule; the
-first-step check compares each rule's norms with the vmap engine's (a parameter broadcast over tokens instead of
-examples fails it). Relies on private autograd attributes: a node's ``_input_metadata`` (the shape of the gradient it
-receives), its ``_saved_*`` tensors and scalars, and (``ghost_graph``) ``_sequence_nr``; where torch lacks one,
-nothing is captured and the vmap engine takes over.
+first-step check compares each rule's norms with the vmap engine's and sends a capture that fails (a parameter
+broadcast over tokens instead of examples, a product of token-major rows) to the vmap engine. Relies on private
+autograd attributes: a node's ``_input_metadata`` (the shape of the gradient it receives), its ``_saved_*`` tensors
+and scalars, and (``ghost_graph``) ``_sequence_nr``; where torch lacks one, nothing is captured and the vmap engine
+takes over.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ class BroadcastRule(MaterializedRule):
     docstring)."""
 
     def capture_hooks(self) -> list[Hook]:
-        return []  # captured on the graph after the forward (capture_broadcasts)
+        return []  # captured on the graph after the forward (capture_on_graph)
 
     def gradients_of(self, call: BroadcastUse, grad: Tensor, examples: int) -> dict[str, Tensor]:
         parameter = self.tensors()[call.part]
@@ -77,48 +81,59 @@ def broadcast_rules(module: nn.Module, names: dict[str, str]) -> list[BroadcastR
     return [BroadcastRule(module, {local: full}) for local, full in names.items()]
 
 
-def capture_broadcasts(losses: Tensor, rules: list[BroadcastRule]) -> None:
-    """Capture, on the autograd graph of ``losses``, every use of the rules' parameters that broadcasts the whole
-    parameter over the rows of the node's output (:func:`_use`); other uses are left uncaptured (module docstring)."""
-    owners = {id(p): (rule, local, p) for rule in rules for local, p in rule.tensors().items()}
+def capture_on_graph(losses: Tensor, broadcast: list[BroadcastRule], linears: list[LinearRule]) -> None:
+    """Capture, on the autograd graph of ``losses`` (one walk), the ``broadcast`` rules' uses of their parameters and
+    the ``linears`` rules' ``F.linear`` products outside their layers' calls; other uses are left uncaptured (module
+    docstring)."""
+    owners = {id(p): (rule, local, p) for rule in broadcast for local, p in rule.tensors().items()}
+    owners |= {
+        id(rule.module.weight): (rule, "weight", rule.module.weight) for rule in linears if "weight" in rule.names
+    }
+    if not owners:
+        return
     examples = losses.shape[0]
     uses = list(_parameter_uses(losses, owners))
     counts = Counter(id(variable) for _, variable, _ in uses)
     for node, variable, parents in uses:
         rule, local, parameter = owners[id(variable)]
-        use = _use(node, parameter, examples)
-        start = node._sequence_nr() - 1  # the call is this node (and, for a bias segment, the node it feeds)
-        if use is not None:
-            factor, shape = use
-            inputs = parameter.detach() if factor is None else factor
-            call = BroadcastUse(
-                inputs, inputs._version, GradientEdge(node, 0), shape, start, part=local, scaled=factor is not None
-            )
-            rule.calls.append(call)
-        elif counts[id(variable)] == 1 and (segment := _bias_segment(node, parameter, parents, examples)):
-            # its only use: the call spans the nodes from the concatenation to the add, so no other use may lie there
-            target, shape, place = segment
-            edge = GradientEdge(target, 0)
-            rule.calls.append(
-                BroadcastUse(parameter.detach(), parameter._version, edge, shape, start, part=local, segment=place)
-            )
+        if isinstance(rule, BroadcastRule):
+            _capture_broadcast(rule, local, parameter, node, parents, examples, counts[id(variable)] == 1)
+        else:
+            _capture_functional_linear(rule, node, parents, examples)
 
 
-def capture_functional_linears(losses: Tensor, rules: list[LinearRule]) -> None:
-    """Capture, as calls of their rules, the products ``x @ weight.t()`` (``F.linear``) of the rules' weights made
-    outside the layers' own calls, with the input rows ``x`` autograd saved for them; other uses are left uncaptured
-    (module docstring). Each product node is one call (its start just before its ``t`` node)."""
-    owners = {id(rule.module.weight): rule for rule in rules if "weight" in rule.names}
-    examples = losses.shape[0]
-    for node, variable, parents in _parameter_uses(losses, owners):
-        rule = owners[id(variable)]
-        if node.name() != "TBackward0" or len(parents) != 1 or any(_inside(node, call) for call in rule.calls):
-            continue
-        product, position = parents[0]
-        inputs = _product_rows(product, position)
-        if inputs is not None and inputs.shape[0] % examples == 0 and _same_bias(product, rule):
-            edge, shape = GradientEdge(product, 0), torch.Size((inputs.shape[0], rule.module.weight.shape[0]))
-            rule.calls.append(Capture(inputs.detach(), inputs._version, edge, shape, node._sequence_nr() - 1))
+def _capture_broadcast(
+    rule: BroadcastRule, local: str, parameter: Tensor, node: object, parents: list, examples: int, only_use: bool
+) -> None:
+    """A use of a broadcast parameter by ``node``, or as a piece of a bias (its ``only_use``: that call spans the
+    nodes from the concatenation to the add, so no other use may lie there)."""
+    use = _use(node, parameter, examples)
+    start = node._sequence_nr() - 1  # the call is this node (and, for a bias segment, the node it feeds)
+    if use is not None:
+        factor, shape = use
+        inputs = parameter.detach() if factor is None else factor
+        edge = GradientEdge(node, 0)
+        rule.calls.append(
+            BroadcastUse(inputs, inputs._version, edge, shape, start, part=local, scaled=factor is not None)
+        )
+    elif only_use and (segment := _bias_segment(node, parameter, parents, examples)):
+        target, shape, place = segment
+        edge = GradientEdge(target, 0)
+        rule.calls.append(
+            BroadcastUse(parameter.detach(), parameter._version, edge, shape, start, part=local, segment=place)
+        )
+
+
+def _capture_functional_linear(rule: LinearRule, node: object, parents: list, examples: int) -> None:
+    """A product ``x @ weight.t()`` (``F.linear``) of the rule's weight outside the layer's own calls, with the input
+    rows ``x`` autograd saved for it, as a call of the rule (its start just before the ``t`` node)."""
+    if node.name() != "TBackward0" or len(parents) != 1 or any(_inside(node, call) for call in rule.calls):
+        return
+    product, position = parents[0]
+    inputs = _product_rows(product, position)
+    if inputs is not None and inputs.shape[0] % examples == 0 and _same_bias(product, rule):
+        edge, shape = GradientEdge(product, 0), torch.Size((inputs.shape[0], rule.module.weight.shape[0]))
+        rule.calls.append(Capture(inputs.detach(), inputs._version, edge, shape, node._sequence_nr() - 1))
 
 
 def _inside(node: object, call: Capture) -> bool:

@@ -27,16 +27,20 @@ Assumptions, checked where possible:
       ``views.flatten(0, 1)``); a row count that is not a multiple of the batch size is refused;
     * no layer mixes examples (as for the vmap engine; BatchNorm is refused by ``DPCallback``);
     * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
-    The first call compares this engine's per-example norms with the vmap engine's on a few examples (in eval
-    mode, so that dropout cannot differ) and refuses to continue (or falls back to vmap) on a mismatch.
-A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its
-own parameters (:class:`~lightning_dprobust.core.ghost_layers.CompositeRule`); calls nest, and the graph check
-follows them. Parameters without a rule (tied between modules, owned by a stochastic module or by one holding more
-than a quarter of the model) are handled by the vmap engine, restricted to those parameters; their per-example
-gradients enter the same norms. At every step, the autograd graph of the losses is checked
-(``core/ghost_graph.py``) for a rule's parameter that gets gradient outside its layer's captured calls (a weight
-penalty in the loss, a weight used without calling its layer); such a rule's parameters move to the vmap engine
-before any norm is computed, so the result stays exact.
+    The first call of two examples or more compares this engine's per-example norms, and each rule's share of them,
+    with the vmap engine's on a few examples (in eval mode, so that dropout cannot differ) and refuses to continue (or
+    falls back to vmap) on a mismatch; a capture made on the graph that fails goes to the vmap engine. A layer whose
+    calls' rows are not a multiple of the examples (applied once to a tensor the batch shares) goes to vmap.
+A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its own
+parameters (:class:`~lightning_dprobust.core.ghost_layers.CompositeRule`), unless the first forward's graph captures
+every use of them; calls nest, and the graph check follows them. Parameters used outside any layer call (tokens,
+position embeddings, scales, a linear weight used through ``F.linear``) are captured on the autograd graph after the
+forward (``core/ghost_functional.py``). Parameters with neither (tied between modules, a parametrization's originals,
+uses no capture takes) are handled by the vmap engine, restricted to those parameters; their per-example gradients
+enter the same norms. At every step, the autograd graph of the losses is checked (``core/ghost_graph.py``) for a
+rule's parameter that gets gradient outside its layer's captured calls (a weight penalty in the loss, a weight used
+without calling its layer); such a rule's parameters move to the vmap engine before any norm is computed, so the
+result stays exact.
 """
 
 from __future__ import annotations

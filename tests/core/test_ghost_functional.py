@@ -16,6 +16,7 @@ from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import CompositeRule
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
+from tests.core.test_ghost_rules import Wrapper as Rows
 from tests.core.test_ghost_rules import _assert_ghost_equals_vmap
 
 pytestmark = pytest.mark.usefixtures("double_precision")
@@ -52,22 +53,6 @@ class OwnViT(nn.Module):
         h = h + gamma * torch.tanh(self.fc(self.norm(h)))
         logits = self.head(h[:, 0] * self.temperature)
         return logits + 0.01 * self.pos_embed.square().sum() if self.use == "penalized" else logits
-
-
-class Rows(nn.Module):
-    """``views`` rows per example (scaled copies), logits averaged over them."""
-
-    def __init__(self, net: nn.Module, views: int = 1):
-        super().__init__()
-        self.net, self.views = net, views
-
-    def per_example_loss(self, x, y):
-        rows = (
-            x.repeat_interleave(self.views, dim=0)
-            * torch.linspace(0.5, 1.5, self.views).repeat(x.shape[0])[:, None, None]
-        )
-        logits = self.net(rows).view(x.shape[0], self.views, -1).mean(1)
-        return F.cross_entropy(logits, y, reduction="none")
 
 
 def patches(examples: int = 5) -> tuple[torch.Tensor, torch.Tensor]:

@@ -229,15 +229,15 @@ class Convs(nn.Module):
 
 
 class Wrapper(nn.Module):
-    def __init__(self, net: nn.Module, views: int):
+    """``views`` rows per example (scaled copies of its input, of any rank), logits averaged over them."""
+
+    def __init__(self, net: nn.Module, views: int = 1):
         super().__init__()
         self.net, self.views = net, views
 
     def per_example_loss(self, x, y):
-        rows = (
-            x.repeat_interleave(self.views, dim=0)
-            * torch.linspace(0.5, 1.5, self.views).repeat(x.shape[0])[:, None, None, None]
-        )
+        scales = torch.linspace(0.5, 1.5, self.views).repeat(x.shape[0])
+        rows = x.repeat_interleave(self.views, dim=0) * scales.view(-1, *[1] * (x.dim() - 1))
         logits = self.net(rows).view(x.shape[0], self.views, -1).mean(1)
         return F.cross_entropy(logits, y, reduction="none")
 

@@ -28,7 +28,7 @@ from lightning_dprobust.core.ghost_layers import (
 )
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
-from tests.core.test_ghost import CAIT_KWARGS, CROSSVIT_KWARGS, SWIN_KWARGS
+from tests.core.test_ghost import CAIT_KWARGS, CROSSVIT_KWARGS, GRAPH_CAPTURED, SWIN_KWARGS
 
 pytestmark = pytest.mark.usefixtures("double_precision")
 
@@ -631,13 +631,16 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/crossvit_tiny_240", (3, 48, 48), CROSSVIT_KWARGS),  # two branches' tokens, one shared pos_drop
         ("timm/swin_tiny_patch4_window7_224", (3, 16, 16), SWIN_KWARGS),  # window attention re-run, drop path on
         ("timm/cait_xxs24_224", (3, 16, 16), CAIT_KWARGS),  # class token into the class-attention blocks
+        # tokens, embeddings, scales and F.linear products captured on the graph
+        *[(name, shape, kwargs) for name, (shape, kwargs) in GRAPH_CAPTURED.items()],
     ],
 )
 @pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])
 def test_replacing_one_example_leaves_every_other_examples_norm_unchanged(model, shape, kwargs, chunks, monkeypatch):
     """No cross-example term in any rule (closed-form norms, kept / dropped / ghost / grouped convolutions, linear,
-    tokens, layer scale), with per-example convolution gradients formed in cache-sized chunks or one example at a
-    time: the other examples' norms do not move when one example is replaced, and the replaced one's does."""
+    tokens, layer scale, captures on the graph), with per-example convolution gradients formed in cache-sized chunks
+    or one example at a time: the other examples' norms do not move when one example is replaced, and the replaced
+    one's does."""
     from lightning_dprobust.methods import DPSGD
 
     if chunks == "one_example":

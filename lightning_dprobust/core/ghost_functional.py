@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge
 from torch.nn.utils.parametrize import ParametrizationList
 
+from lightning_dprobust.core.ghost_graph import inside_call
 from lightning_dprobust.core.ghost_layers import Capture, Hook, LinearRule, MaterializedRule, group_rows
 
 
@@ -127,17 +128,13 @@ def _capture_broadcast(
 def _capture_functional_linear(rule: LinearRule, node: object, parents: list, examples: int) -> None:
     """A product ``x @ weight.t()`` (``F.linear``) of the rule's weight outside the layer's own calls, with the input
     rows ``x`` autograd saved for it, as a call of the rule (its start just before the ``t`` node)."""
-    if node.name() != "TBackward0" or len(parents) != 1 or any(_inside(node, call) for call in rule.calls):
+    if node.name() != "TBackward0" or len(parents) != 1 or any(inside_call(node, call) for call in rule.calls):
         return
     product, position = parents[0]
     inputs = _product_rows(product, position)
     if inputs is not None and inputs.shape[0] % examples == 0 and _same_bias(product, rule):
         edge, shape = GradientEdge(product, 0), torch.Size((inputs.shape[0], rule.module.weight.shape[0]))
         rule.calls.append(Capture(inputs.detach(), inputs._version, edge, shape, node._sequence_nr() - 1))
-
-
-def _inside(node: object, call: Capture) -> bool:
-    return call.start < node._sequence_nr() <= call.edge.node._sequence_nr()
 
 
 def _same_bias(product: object, rule: LinearRule) -> bool:

@@ -47,7 +47,8 @@ def _entries(rules: Sequence) -> dict[tuple[object, int], list[tuple[object, obj
     return {edge: sorted(pairs, key=lambda pair: pair[0].start) for edge, pairs in entries.items()}
 
 
-def _inside(node: object, call: object) -> bool:
+def inside_call(node: object, call: object) -> bool:
+    """Whether ``node`` was created during ``call`` (its sequence number lies in the call's range)."""
     return call.start < node._sequence_nr() <= call.edge.node._sequence_nr()
 
 
@@ -75,7 +76,7 @@ def stray_rules(losses: Tensor, rules: Sequence) -> list:
             if rule is not None and not (chain is not None and chain.has(rule)):
                 stray[id(rule)] = rule
             continue
-        while chain is not None and not _inside(node, chain.call):  # left these calls: leave them first
+        while chain is not None and not inside_call(node, chain.call):  # left these calls: leave them first
             chain = chain.outer
         for call, rule in entries.get((node, output_nr), ()):  # entered calls, outermost first
             outer = chain

@@ -99,6 +99,8 @@ CASES = {
     ),
     "eva02_tiny/b64": ("timm/eva02_tiny_patch14_224", (3, 32, 32), 64, {"img_size": 32, "patch_size": 4}),
     "coat_lite_tiny/b64": ("timm/coat_lite_tiny", (3, 32, 32), 64, {"img_size": 32}),
+    # a Fourier position encoding: a layer applied once to a grid the batch shares, then repeated per example
+    "xcit_nano/b64": ("timm/xcit_nano_12_p8_224", (3, 32, 32), 64, {"img_size": 32}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
     "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }

@@ -29,8 +29,9 @@ Assumptions, checked where possible:
     * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
     The first call of two examples or more compares this engine's per-example norms, and each rule's share of them,
     with the vmap engine's on a few examples (in eval mode, so that dropout cannot differ) and refuses to continue (or
-    falls back to vmap) on a mismatch; a capture made on the graph that fails goes to the vmap engine. A layer whose
-    calls' rows are not a multiple of the examples (applied once to a tensor the batch shares) goes to vmap.
+    falls back to vmap) on a mismatch; a capture made on the graph that fails goes to the vmap engine. A linear or
+    convolution layer applied to a tensor the batch shares, then repeated per example, is captured at the repeat; a
+    layer whose calls' rows are not a multiple of the examples otherwise goes to vmap.
 A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its own
 parameters (:class:`~lightning_dprobust.core.ghost_layers.CompositeRule`), unless the first forward's graph captures
 every use of them; calls nest, and the graph check follows them. Parameters used outside any layer call (tokens,
@@ -59,6 +60,7 @@ from lightning_dprobust.core.ghost_functional import (
     BroadcastRule,
     broadcast_rules,
     capture_on_graph,
+    spread_shared_calls,
 )
 from lightning_dprobust.core.ghost_graph import reaches, stray_rules
 from lightning_dprobust.core.ghost_layers import (
@@ -98,7 +100,7 @@ of the norm could otherwise be wrong unseen."""
 STRAY = "get gradient outside their layers' calls (e.g. a penalty on the weights in the loss)"
 UNSPLIT = (
     "have layer calls whose rows are not a multiple of the examples, so not split by example (e.g. a layer applied "
-    "once to a tensor the whole batch shares)"
+    "once to a tensor the whole batch shares, and not followed by a repeat per example alone)"
 )
 
 UNVERIFIED = (
@@ -293,6 +295,8 @@ class GhostClipper:
         self.on_mismatch = on_mismatch
         self.rules, self.fallback_names = plan_rules(module, parameter_names)
         self._functional: list[LayerRule] = []  # linear rules whose weight F.linear uses outside the layer's calls
+        self._shared_rows: dict[int, set[int]] = {}  # rule -> row counts of its calls on a tensor the batch shares
+        self._spread: dict[int, LayerRule] = {}  # the rules of those calls
         self._undecided = {  # composite rules whose parameters the first forward may show captured on the graph
             id(rule): (rule, broadcast_rules(rule.module, rule.names))
             for rule in self.rules
@@ -444,10 +448,13 @@ class GhostClipper:
         if losses.shape != (examples,):
             raise ValueError(f"{self.loss_method} must return one loss per example, got shape {tuple(losses.shape)}")
         self._capture_on_graph(losses)
+        unspread = self._spread_shared_calls(losses, examples)
         stray = self._stray_rules(losses)
         if stray:
             self._to_fallback(stray, STRAY)
-        unsplit = [rule for rule in self.rules if any(call.shape[0] % examples for call in rule.calls)]
+        unsplit = [
+            rule for rule in self.rules if id(rule) in unspread or any(call.shape[0] % examples for call in rule.calls)
+        ]
         if unsplit:
             self._to_fallback(unsplit, UNSPLIT)
         streamed = streamed_rules(self.rules, examples)
@@ -459,6 +466,30 @@ class GhostClipper:
             call.grad = grad.view(call.shape) if grad is not None else call.inputs.new_zeros(call.shape)
             call.check_unchanged()
         return losses.detach()
+
+    def _spread_shared_calls(self, losses: Tensor, examples: int) -> set[int]:
+        """Spread the calls of linear and convolution layers on a tensor the batch shares over the repeat that
+        follows them (``core/ghost_functional.py``); returns the ids of the rules with such a call left unspread.
+
+        A call is taken as shared when its rows are not a multiple of the examples, or when they number as many as
+        a call of the same rule spread at an earlier step (a grid of two rows, spread for a batch of three examples,
+        is still shared in a batch of two, where its rows would otherwise pass for the examples')."""
+        shared = {
+            id(call): rule
+            for rule in self.rules
+            if isinstance(rule, LinearRule)
+            for call in rule.calls
+            if call.shape[0] % examples or call.shape[0] in self._shared_rows.get(id(rule), ())
+        }
+        calls = [call for rule in self.rules for call in rule.calls if id(call) in shared]
+        rows = {id(call): call.shape[0] for call in calls}
+        spread = {id(call) for call in spread_shared_calls(losses, calls, examples)}
+        for call in calls:
+            rule = shared[id(call)]
+            if id(call) in spread:
+                self._shared_rows.setdefault(id(rule), set()).add(rows[id(call)])
+                self._spread[id(rule)] = rule
+        return {id(shared[id(call)]) for call in calls if id(call) not in spread}
 
     def _capture_on_graph(self, losses: Tensor) -> None:
         """Capture the uses that no forward hook sees (``core/ghost_functional.py``): the broadcast parameters', the
@@ -567,6 +598,7 @@ class GhostClipper:
         weights used by ``F.linear``): captures made where no layer call marks the rows, so that a first-step
         mismatch there sends those parameters to the vmap engine instead of failing the step."""
         rules = [rule for rule in self.rules if isinstance(rule, BroadcastRule)] + self._functional
+        rules += [rule for rule in self._spread.values() if any(rule is kept for kept in self.rules)]
         return {name: rule for rule in rules for name in rule.names.values()}
 
     def _reference_squares(self, part: tuple[Tensor, ...]) -> dict[str, Tensor]:

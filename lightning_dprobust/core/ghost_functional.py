@@ -20,6 +20,12 @@ with the layer's own bias or, when the layer has none to clip, any) is captured 
 :class:`~lightning_dprobust.core.ghost_layers.LinearRule`, with the input rows autograd saved for it; the rule
 then treats it as any call of the layer. :func:`capture_on_graph` makes both kinds of capture in one graph walk.
 
+**Layers applied to a tensor the batch shares, then repeated per example** (XCiT's Fourier position encoding: a
+``1 x 1`` convolution of a grid, ``.repeat(B, 1, 1, 1)``): the call's rows are not examples', but the layer applied
+to the repeated input gives the repeat's output, whose rows are. :func:`spread_shared_calls` makes that the call:
+its input repeated as the repeat does, its output edge the repeat's, when the repeat (along the leading dim only) is
+the only node that takes the layer's output.
+
 Any other use (a slice or a resampled copy of an embedding, an add with ``alpha``, the parameter twice in one node,
 a product with a scaled copy of the weight, a penalty in the loss) is not captured, so the graph check
 (``core/ghost_graph.py``) finds the parameter reached outside its rule's calls and moves it to the vmap engine: a
@@ -101,6 +107,55 @@ def capture_on_graph(losses: Tensor, broadcast: list[BroadcastRule], linears: li
             _capture_broadcast(rule, local, parameter, node, parents, examples, counts[id(variable)] == 1)
         else:
             _capture_functional_linear(rule, node, parents, examples)
+
+
+def spread_shared_calls(losses: Tensor, calls: list[Capture], examples: int) -> list[Capture]:
+    """Make each of ``calls`` (of linear and convolution layers, on a tensor the batch shares) the layer's call on
+    its input repeated along the leading dim, with the repeat's output edge, where one repeat along that dim is the
+    only node of the losses' graph that takes the call's output and its output's rows are a multiple of
+    ``examples`` (module docstring). Returns the calls changed; the others are left as they were."""
+    if not calls:
+        return []
+    takers = _takers(losses, {(call.edge.node, call.edge.output_nr) for call in calls})
+    spread = []
+    for call in calls:
+        repeat = _leading_repeat(takers.get((call.edge.node, call.edge.output_nr), []))
+        if repeat is None or call.shape[0] * repeat[1] % examples:
+            continue
+        node, copies = repeat
+        call.check_unchanged()
+        call.inputs = call.inputs.repeat(copies, *[1] * (call.inputs.dim() - 1))
+        call.version, call.edge = call.inputs._version, GradientEdge(node, 0)
+        call.shape = torch.Size((call.shape[0] * copies, *call.shape[1:]))
+        spread.append(call)
+    return spread
+
+
+def _takers(losses: Tensor, edges: set[tuple[object, int]]) -> dict[tuple[object, int], list[object]]:
+    """``edge -> the nodes of the losses' graph that take it`` (each node once per input it takes it at), for
+    ``edges``."""
+    root = losses.grad_fn
+    stack, seen, takers = ([root] if root is not None else []), set(), {}
+    while stack:
+        node = stack.pop()
+        for child, nr in node.next_functions:
+            if (child, nr) in edges:
+                takers.setdefault((child, nr), []).append(node)
+            if child is not None and child not in seen and not hasattr(child, "variable"):
+                seen.add(child)
+                stack.append(child)
+    return takers
+
+
+def _leading_repeat(takers: list[object]) -> tuple[object, int] | None:
+    """``(node, copies)`` when ``takers`` is one ``repeat`` along the leading dim only (no dim added)."""
+    if len(takers) != 1 or takers[0].name() != "RepeatBackward0":
+        return None
+    repeats = tuple(getattr(takers[0], "_saved_repeats", ()))
+    dims = len(getattr(takers[0], "_saved_self_sym_sizes", ()))
+    if not repeats or len(repeats) != dims or any(r != 1 for r in repeats[1:]) or repeats[0] < 1:
+        return None
+    return takers[0], repeats[0]
 
 
 def _capture_broadcast(

@@ -83,6 +83,11 @@ GRAPH_CAPTURED = {
             "mlp_ratios": [2, 2, 2, 2],
         },
     ),
+    # class token, blocks' gamma1/gamma2/gamma3, a Fourier position encoding projected once and repeated per example
+    "timm/xcit_nano_12_p16_224": (
+        (3, 16, 16),
+        {"img_size": 16, "patch_size": 8, "embed_dim": 16, "depth": 2, "num_heads": 2, "cls_attn_layers": 1},
+    ),
 }
 MODELS |= GRAPH_CAPTURED
 DPCERT_VARIANTS = [

@@ -259,20 +259,78 @@ def test_a_token_major_product_fails_the_first_step_check_and_goes_to_vmap(on_mi
         torch.testing.assert_close(actual.grads[name], grad)
 
 
-def test_xcit_captures_its_tokens_and_scales_and_leaves_its_shared_fourier_projection_to_vmap():
+def test_xcit_captures_its_tokens_scales_and_shared_fourier_projection():
     """XCiT's class token and blocks' scales are captured on the graph; its position encoding projects a grid the
-    batch shares (one row) and repeats it per example, so that layer's parameters go to the vmap engine."""
+    batch shares (one row) and repeats it per example, so that layer's call is spread over the repeat: nothing goes
+    to the vmap engine."""
     torch.manual_seed(0)
     kwargs = {"img_size": 16, "patch_size": 8, "embed_dim": 16, "depth": 2, "num_heads": 2, "cls_attn_layers": 1}
     module = DPSGD(model="timm/xcit_nano_12_p16_224", num_classes=3, input_shape=(3, 16, 16), model_kwargs=kwargs)
     generator = torch.Generator().manual_seed(2)
     inputs = (torch.rand(5, 3, 16, 16, generator=generator), torch.randint(0, 3, (5,), generator=generator))
     ghost = _assert_ghost_equals_vmap(module, inputs)
-    assert set(ghost.fallback_names) == {
-        "model.net.pos_embed.token_projection.weight",
-        "model.net.pos_embed.token_projection.bias",
-    }
+    assert not ghost.fallback_names
+    assert [set(rule.names.values()) for rule in ghost._spread.values()] == [
+        {"model.net.pos_embed.token_projection.weight", "model.net.pos_embed.token_projection.bias"}
+    ]
     assert any(isinstance(rule, BroadcastRule) and "cls_token" in rule.names for rule in ghost.rules)
+
+
+class RepeatedGrid(nn.Module):
+    """Patch rows plus a projection of a grid of ``grid_rows`` rows that every example shares, repeated per example
+    as XCiT's position encoding and summed over the grid's rows. ``use`` swaps the repeat for a use no spread takes:
+    the projection also used once more, repeated along another dim, or expanded."""
+
+    def __init__(self, use: str = "repeat", grid_rows: int = 1):
+        super().__init__()
+        self.patch, self.project, self.head = nn.Linear(3, DIM), nn.Linear(4, DIM), nn.Linear(DIM, 3)
+        self.register_buffer("grid", torch.linspace(-1, 1, grid_rows * TOKENS * 4).view(grid_rows, TOKENS, 4))
+        self.use = use
+
+    def forward(self, x):
+        examples, rows = x.shape[0], self.grid.shape[0]
+        projected = self.project(self.grid)  # [rows, TOKENS, DIM], the same for every example
+        if self.use == "expand":
+            shared = projected.expand(examples, -1, -1)
+        elif self.use == "inner_repeat":
+            shared = projected.repeat(1, examples, 1).view(rows, examples, TOKENS, DIM).transpose(0, 1).sum(1)
+        else:
+            shared = projected.repeat(examples, 1, 1).view(examples, rows, TOKENS, DIM).sum(1)
+        h = torch.tanh(self.patch(x) + shared)
+        logits = self.head(h.mean(1))
+        return logits + projected.mean() if self.use == "reused" else logits
+
+
+@pytest.mark.parametrize(
+    ("use", "grid_rows"),
+    [("repeat", 1), ("repeat", 2), ("reused", 1), ("reused", 2), ("inner_repeat", 2), ("expand", 1)],
+)
+def test_a_layer_on_a_shared_tensor_is_spread_over_its_repeat_or_goes_to_vmap(use, grid_rows):
+    torch.manual_seed(0)
+    ghost = _assert_ghost_equals_vmap(Rows(RepeatedGrid(use, grid_rows)), patches())
+    if use == "repeat":
+        assert not ghost.fallback_names and list(ghost._spread.values())[0].names == {
+            "weight": "net.project.weight",
+            "bias": "net.project.bias",
+        }
+    else:
+        assert ghost.fallback_names == ["net.project.weight", "net.project.bias"] and not ghost._spread
+
+
+def test_a_spread_layer_stays_spread_when_its_rows_divide_a_later_batch():
+    """A grid of two rows, spread in a batch of three examples, is still spread in batches of two and of one, where
+    its two rows would otherwise pass for the examples'."""
+    torch.manual_seed(0)
+    module = Rows(RepeatedGrid("repeat", grid_rows=2))
+    ghost = GhostClipper(module, "per_example_loss", 0.05)
+    reference = PerExampleClipper(module, "per_example_loss", 0.05)
+    for examples in (3, 2, 1):
+        inputs = patches(examples)
+        actual, expected = ghost(inputs), reference(inputs)
+        torch.testing.assert_close(actual.norms, expected.norms)
+        for name, grad in expected.grads.items():
+            torch.testing.assert_close(actual.grads[name], grad)
+    assert not ghost.fallback_names and ghost._shared_rows == {id(ghost._spread[next(iter(ghost._spread))]): {2}}
 
 
 class SquaredToken(nn.Module):

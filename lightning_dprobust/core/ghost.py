@@ -17,7 +17,9 @@ the backward does not run (the first layer: nothing below it needs a gradient) k
 Activations and output gradients are captured with forward hooks and ``torch.autograd.graph.GradientEdge``s taken
 at forward time, so an in-place op after a layer (timm ResNets' ``x += shortcut``) cannot alter what was captured;
 an in-place change of a captured *input* is detected through its version counter and refused. No full backward
-module hooks are used.
+module hooks are used. The capture hooks run before a user's hooks on the same module, but after hooks registered for
+every module (``register_module_forward_hook``), which could replace what they capture: while such a global forward
+hook or pre-hook is registered, steps run on the vmap engine.
 
 Guarantees (same as :class:`~lightning_dprobust.core.per_sample.PerExampleClipper`): each example's contribution to
 the returned sum has L2 norm ``<= max_grad_norm``; frozen parameters and buffers are never differentiated.
@@ -107,6 +109,24 @@ UNVERIFIED = (
     "are used outside any layer call and their per-example norms differed from the vmap engine's on the first step "
     "(rows that are not examples', e.g. a parameter broadcast over tokens, or a layer input laid out token-major)"
 )
+
+
+GLOBAL_HOOKS = (
+    "ghost engine: a global module forward hook or pre-hook is registered (torch.nn.modules.module."
+    "register_module_forward_hook / register_module_forward_pre_hook); it runs before the engine's capture hooks and "
+    "may replace what they capture, so the per-example gradients of the steps run while one is registered come from "
+    "the vmap engine"
+)
+
+
+def _global_forward_hooks() -> bool:
+    """Whether a forward hook or pre-hook is registered for every module (``register_module_forward_hook``,
+    ``register_module_forward_pre_hook``). ``nn.Module`` runs such hooks before a module's own, so the rules'
+    capture hooks would see what they return instead of the tensor they capture: a layer's output, or a module's
+    input that is another layer's output (the activated norms' output gradient is taken at their ``drop`` module's
+    input). A replaced tensor's gradient is not the layer's: a doubled output would halve the norm."""
+    module = torch.nn.modules.module
+    return bool(getattr(module, "_global_forward_hooks", None) or getattr(module, "_global_forward_pre_hooks", None))
 
 
 class EngineMismatch(RuntimeError):
@@ -305,6 +325,7 @@ class GhostClipper:
         self._fallback = self._fallback_clipper()
         self._verified = False
         self._use_reference = False
+        self._warned_global_hooks = False
 
     def trainable_parameters(self) -> dict[str, Tensor]:
         return self.reference.trainable_parameters()
@@ -352,6 +373,11 @@ class GhostClipper:
 
     def _clipped_sum(self, batch: tuple[Tensor, ...]) -> ClippedSum:
         size = batch[0].shape[0]
+        if _global_forward_hooks():
+            if not self._warned_global_hooks:
+                log.warning(GLOBAL_HOOKS)
+                self._warned_global_hooks = True
+            return self.reference(batch)
         if size == 1 and not self._verified:  # one example cannot show rows laid out otherwise than by example
             return self.reference(batch)
         if size and not self._verified:

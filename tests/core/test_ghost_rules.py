@@ -3,6 +3,8 @@ engine."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -488,6 +490,49 @@ def test_user_hooks_that_replace_a_layers_input_or_output_leave_its_rule_exact(h
     module = Wrapper(model, 1).train()
     generator = torch.Generator().manual_seed(8)
     _assert_ghost_equals_vmap(module, (torch.randn(shape, generator=generator), torch.randint(0, 3, (5,))))
+
+
+GLOBAL_HOOKS = {  # for every module, each replacing the hooked layers' output or input
+    "output": lambda hooked: torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: out * 2 if id(mod) in hooked else None
+    ),
+    "input": lambda hooked: torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda mod, args: (args[0] * 3,) if id(mod) in hooked else None
+    ),
+}
+
+
+@pytest.mark.parametrize("hook", list(GLOBAL_HOOKS))
+@pytest.mark.parametrize("net", ["linear", "conv", "activated_norm", "generic"])
+def test_global_hooks_that_replace_layer_outputs_or_inputs_leave_the_sums_exact(hook, net, caplog, monkeypatch):
+    """A forward hook or pre-hook registered for every module (``nn.modules.module.register_module_forward_hook``)
+    runs before the rules' capture hooks, so what they would capture is its replacement (of a layer's output, or of
+    the input at which an activated norm's output gradient is taken): while one is registered, the step's clipped
+    sum comes from the vmap engine (a warning says so, once), and the ghost engine again once it is removed.
+    Registered after a first step."""
+    torch.manual_seed(0)
+    model, layers, shape = _hooked_net(net)
+    module = Wrapper(model, 1).train()
+    generator = torch.Generator().manual_seed(8)
+    inputs = (torch.randn(shape, generator=generator), torch.randint(0, 3, (5,), generator=generator))
+    ghost = GhostClipper(module, "per_example_loss", 0.1)
+    ghost(inputs)
+    parts, clipped_part = [], ghost._clipped_part  # the parts the rules compute, from here on
+    monkeypatch.setattr(ghost, "_clipped_part", lambda part: parts.append(part) or clipped_part(part))
+    handle = GLOBAL_HOOKS[hook]({id(layer) for layer in layers})
+    try:
+        with caplog.at_level(logging.WARNING):
+            actual, again = ghost(inputs), ghost(inputs)
+        expected = PerExampleClipper(module, "per_example_loss", 0.1)(inputs)
+    finally:
+        handle.remove()
+    for result in (actual, again):
+        torch.testing.assert_close(result.norms, expected.norms)
+        for name, grad in expected.grads.items():
+            torch.testing.assert_close(result.grads[name], grad)
+    assert caplog.text.count("global module forward hook") == 1 and not parts
+    ghost(inputs)
+    assert parts and not ghost._use_reference and not ghost.fallback_names  # computed by the rules
 
 
 class _DropsFunctionally(nn.Module):

@@ -155,3 +155,77 @@ def test_kept_convolution_gradients_follow_cudnns_tf32_setting_and_dropped_ones_
     assert routes == {(8, 27): True, (64, 72): True, (256, 576): False}, routes
     assert [rule.keeps_per_example(4) for rule in ghost.rules] == [True, True, False]
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, False)
+
+
+def test_the_first_step_check_runs_in_float64_and_leaves_the_parameters_as_they_were(monkeypatch):
+    """The check compares the algebra of two engines: in float32 their roundings differ, in float64 they agree to
+    1e-13. Inside it float64 copies stand in for the parameters and the checked examples are float64; the parameters
+    themselves are never touched (same objects, storage and values; a view keeps aliasing; the hooks on their
+    gradient accumulators, which DDP's reduction uses, still fire), and the step itself runs in float32."""
+    module = build("cnn_tanh", (1, 8, 8))
+    params = dict(module.named_parameters())
+    before = {name: (p.data_ptr(), p.detach().clone()) for name, p in params.items()}
+    view = params["model.net.conv1.weight"][0]  # a view held elsewhere: it must keep aliasing the parameter
+    weight = params["model.net.conv2.weight"]
+    accumulator = weight.expand_as(weight).grad_fn.next_functions[0][0]  # DDP hooks each parameter's accumulator
+    fired = []
+    accumulator.register_hook(lambda *_: fired.append(True))
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    seen, clipped_part = [], ghost._clipped_part
+
+    def spy(part, *rest):
+        seen.append((part[0].dtype, view.dtype))
+        return clipped_part(part, *rest)
+
+    monkeypatch.setattr(ghost, "_clipped_part", spy)
+    result = ghost(batch((1, 8, 8), size=5))
+    assert seen == [(torch.float64, torch.float32), (torch.float32, torch.float32)]
+    assert result.norms.dtype == torch.float32 and all(g.dtype == torch.float32 for g in result.grads.values())
+    for name, p in module.named_parameters():
+        assert p is params[name] and p.dtype == torch.float32 and p.data_ptr() == before[name][0]
+        torch.testing.assert_close(p.detach(), before[name][1], rtol=0, atol=0)
+    with torch.no_grad():
+        view.add_(1.0)
+    first = params["model.net.conv1.weight"][0].detach()
+    torch.testing.assert_close(first, before["model.net.conv1.weight"][1][0] + 1.0)
+    weight.sum().backward()
+    assert fired == [True]
+
+
+class FixedProjection(torch.nn.Module):
+    """A linear layer, then a float32 matrix kept as a plain attribute: the model cannot run in float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer, self.head = torch.nn.Linear(6, 5), torch.nn.Linear(4, 10)
+        self.projection = torch.linspace(-1, 1, 20).view(4, 5)
+
+    def forward(self, x):
+        return self.head(torch.nn.functional.linear(torch.tanh(self.layer(x.flatten(1))), self.projection))
+
+
+def test_a_model_that_cannot_run_in_float64_is_checked_in_its_own_dtype(caplog):
+    torch.manual_seed(0)
+    module = DPSGD(model=FixedProjection(), num_classes=10, input_shape=(1, 2, 3))
+    x, y = batch((1, 2, 3), size=5)
+    ghost = GhostClipper(module, "per_example_loss", 0.1)
+    with caplog.at_level("INFO"):
+        actual = ghost((x, y))
+    assert "runs in the model's own dtype" in caplog.text and not ghost._use_reference
+    assert all(p.dtype == torch.float32 for p in module.parameters())
+    expected = PerExampleClipper(module, "per_example_loss", 0.1)((x, y))
+    torch.testing.assert_close(actual.norms, expected.norms)
+    for name, grad in expected.grads.items():
+        torch.testing.assert_close(actual.grads[name], grad)
+
+
+def test_a_float32_model_whose_vmap_norms_round_apart_passes_the_check():
+    """MobileNetV2 with GroupNorm at random initialization, 64x64: in float32 the vmap engine's norm of the second
+    example is 0.8 % below its float64 value (the ghost engine's is within 1e-5), so a float32 check failed and
+    ``auto`` ran vmap; in float64 the two engines agree."""
+    torch.manual_seed(0)
+    module = DPSGD(model="timm/mobilenetv2_050", num_classes=3, input_shape=(3, 64, 64))
+    x, y = torch.rand(4, 3, 64, 64), torch.randint(0, 3, (4,))
+    ghost = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="raise")
+    ghost((x, y))
+    assert not ghost._use_reference and not ghost.fallback_names

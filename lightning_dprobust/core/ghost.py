@@ -73,6 +73,7 @@ from lightning_dprobust.core.ghost_layers import (
     LayerScaleRule,
     LinearRule,
     MaterializedRule,
+    UnsupportedCall,
     example_rows,
     parameter_count,
     runs_forward_of,
@@ -127,6 +128,22 @@ def _global_forward_hooks() -> bool:
     input). A replaced tensor's gradient is not the layer's: a doubled output would halve the norm."""
     module = torch.nn.modules.module
     return bool(getattr(module, "_global_forward_hooks", None) or getattr(module, "_global_forward_pre_hooks", None))
+
+
+UNSUPPORTED = "are in a layer call the engine cannot capture"
+
+
+def _naming(rule: LayerRule, hook):
+    """``hook``, which names ``rule`` in the :class:`UnsupportedCall` it raises (the engine moves that rule)."""
+
+    def run(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except UnsupportedCall as error:
+            error.rule = rule
+            raise
+
+    return run
 
 
 class EngineMismatch(RuntimeError):
@@ -257,24 +274,14 @@ def _stream_hooks(rules: list[LayerRule], examples: int):
 
 
 @contextlib.contextmanager
-def _without_onednn():
-    """oneDNN (``torch.backends.mkldnn``) off inside the block, restored after."""
-    previous = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = previous
-
-
-@contextlib.contextmanager
 def _float64(module: nn.Module, part: tuple[Tensor, ...]):
     """Inside the block, each floating-point parameter and buffer of ``module`` is replaced, in its owner, by a
     float64 copy (one copy per tensor, so that tied parameters stay tied; a parameter's copy is a parameter with its
-    ``requires_grad``); yields ``part`` with its floating-point tensors in float64. The original tensors are never
-    touched and are put back after: their values, views, autograd accumulators and the hooks on those (DDP's
-    gradient reduction) stay as they were. Raises what the device raises where it has no float64."""
-    replaced: list[tuple[dict, str, Tensor]] = []
+    ``requires_grad``); yields ``part`` with its floating-point tensors in float64. Replaced by ``setattr``, so that a
+    module that caches its tensors (``nn.LSTM``'s flat weights) follows. The original tensors are never touched and
+    are put back after: their values, views, autograd accumulators and the hooks on those (DDP's gradient reduction)
+    stay as they were. Raises what the device raises where it has no float64."""
+    replaced: list[tuple[nn.Module, str, Tensor]] = []
     copies: dict[int, Tensor] = {}
     try:
         for owner in module.modules():
@@ -286,12 +293,12 @@ def _float64(module: nn.Module, part: tuple[Tensor, ...]):
                         wide = tensor.detach().to(torch.float64)
                         parameter = isinstance(tensor, nn.Parameter)
                         copies[id(tensor)] = nn.Parameter(wide, tensor.requires_grad) if parameter else wide
-                    replaced.append((store, name, tensor))
-                    store[name] = copies[id(tensor)]
+                    replaced.append((owner, name, tensor))
+                    setattr(owner, name, copies[id(tensor)])
         yield tuple(t.to(torch.float64) if t.is_floating_point() else t for t in part)
     finally:
-        for store, name, tensor in reversed(replaced):
-            store[name] = tensor
+        for owner, name, tensor in reversed(replaced):
+            setattr(owner, name, tensor)
 
 
 class GhostClipper:
@@ -496,8 +503,14 @@ class GhostClipper:
         examples = part[0].shape[0]
         for rule in self.rules:
             rule.reset()
-        with self._hooks():
-            losses = getattr(self.module, self.loss_method)(*part)
+        try:
+            with self._hooks():
+                losses = getattr(self.module, self.loss_method)(*part)
+        except UnsupportedCall as error:
+            if error.rule is None:
+                raise
+            self._to_fallback([error.rule], f"{UNSUPPORTED} ({error})")
+            return self._output_gradients(part)  # the forward again, without that rule's hooks
         if losses.shape != (examples,):
             raise ValueError(f"{self.loss_method} must return one loss per example, got shape {tuple(losses.shape)}")
         self._capture_on_graph(losses)
@@ -595,7 +608,7 @@ class GhostClipper:
             for rule in self.rules:
                 for target, pre, hook, first in rule.capture_hooks():
                     register = target.register_forward_pre_hook if pre else target.register_forward_hook
-                    handles.append(register(hook, with_kwargs=True, prepend=first))
+                    handles.append(register(_naming(rule, hook), with_kwargs=True, prepend=first))
             yield
         finally:
             for handle in handles:
@@ -604,21 +617,22 @@ class GhostClipper:
     def _verify(self, batch: tuple[Tensor, ...]) -> None:
         """Compare this engine's norms with the vmap engine's on the first examples (eval mode).
 
-        The check runs with oneDNN off: its batches of 3 and of 1 example would otherwise compile and cache oneDNN
-        kernels for shapes the training steps never use (on ``cnn_tanh`` at batch 64, 3 MB that stayed allocated,
-        more than the step's own tensors). The check tests the algebra and the row layout, not a kernel library, so
-        it runs in float64 (:func:`_float64`: float64 copies of the parameters stand in for them during the check;
-        the parameters themselves are not touched, so DDP's hooks on them stay): in float32 the two engines round
-        apart by more than its tolerance on some models (MobileNetV2 with GroupNorm at random initialization: the vmap
-        engine's norm of one example 0.8 % below its float64 value, the ghost engine's within 1e-5), and ``auto``
-        then ran vmap for no reason. A model that cannot run in float64 (a device without it, a float32 tensor that
-        is not a parameter or buffer) is checked in its own dtype.
+        The check tests the algebra and the row layout, not a kernel library, so it runs in float64 (:func:`_float64`:
+        float64 copies of the parameters stand in for them during the check; the parameters themselves are not
+        touched, so DDP's hooks on them stay). In float32 the two engines round apart by more than its tolerance on
+        some models (MobileNetV2 with GroupNorm at random initialization: the vmap engine's norm of one example 0.8 %
+        below its float64 value, the ghost engine's within 1e-5), and ``auto`` then ran vmap for no reason. oneDNN
+        takes no part in float64, so the check's batches of 3 and of 1 example leave no oneDNN kernels compiled for
+        shapes the training steps never use (on ``cnn_tanh`` at batch 64, a float32 check left 3 MB allocated, more
+        than the step's own tensors). A model that cannot run in float64 (a device without it, a float32 tensor that
+        is not a parameter or buffer, ``torch.func``'s ``vmap`` of ``nn.LSTM`` outside oneDNN) is checked in its own
+        dtype.
         """
         part = tuple(t[:VERIFY_EXAMPLES] for t in batch)
         modes = {m: m.training for m in self.module.modules()}
         self.module.eval()
         try:
-            with _without_onednn(), float32_products():
+            with float32_products():
                 try:
                     with _float64(self.module, part) as wide:
                         ours, shares, reference = self._compared(wide)

@@ -55,7 +55,14 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import Capture, LinearRule, group_rows, memory_order, squared_norms
+from lightning_dprobust.core.ghost_layers import (
+    Capture,
+    LinearRule,
+    UnsupportedCall,
+    group_rows,
+    memory_order,
+    squared_norms,
+)
 from lightning_dprobust.core.per_sample import tf32_settings
 
 CPU_CHUNK_VALUES = 2**18
@@ -186,7 +193,7 @@ class Conv2dRule(LinearRule):
 
     def capture(self, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
         if tensor.dim() != 4:
-            raise RuntimeError(
+            raise UnsupportedCall(
                 f"a convolution saw a {tensor.dim()}-D input: the ghost engine needs batched [N, C, H, W] inputs; "
                 "use DPCallback(engine='vmap') for convolutions called on single images"
             )
@@ -422,7 +429,7 @@ class Conv1dRule(Conv2dRule):
 
     def capture(self, tensor: Tensor, output: tuple[object, torch.Size]) -> None:
         if tensor.dim() != 3:
-            raise RuntimeError(
+            raise UnsupportedCall(
                 f"a Conv1d saw a {tensor.dim()}-D input: the ghost engine needs batched [N, C, L] inputs; use "
                 "DPCallback(engine='vmap') for convolutions called on single sequences"
             )

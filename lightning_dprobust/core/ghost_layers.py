@@ -93,10 +93,17 @@ def output_edge(differentiated: Tensor) -> tuple[object, torch.Size]:
     return get_gradient_edge(differentiated), differentiated.shape
 
 
+class UnsupportedCall(RuntimeError):
+    """A layer call a rule cannot capture (a tuple returned, an unbatched image): raised during the forward, it
+    sends the rule's parameters to the vmap engine (``GhostClipper``), which sets ``rule``."""
+
+    rule: object = None
+
+
 def one_tensor_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> Tensor:
-    """The input of a call that took one tensor and returned one, or a clear error."""
+    """The input of a call that took one tensor and returned one, or :class:`UnsupportedCall`."""
     if kwargs or len(args) != 1 or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
-        raise RuntimeError(
+        raise UnsupportedCall(
             f"{type(mod).__name__} was called with {len(args)} positional and {len(kwargs)} keyword arguments "
             "or returned a non-tensor: the ghost engine needs one tensor in and one out; use engine='vmap'"
         )
@@ -273,6 +280,13 @@ class LinearRule(LayerRule):
     _cache: tuple[Tensor, Tensor] | None = None
     """``(inputs [B, T, d], output gradients [B, T, p])`` of every position, from :meth:`sq_norms` to
     :meth:`clipped_sum`."""
+
+    def capture(self, tensor: Tensor, edge: tuple[object, torch.Size], **details: object) -> None:
+        if tensor.dim() < 2:
+            raise UnsupportedCall(
+                f"a {type(self.module).__name__} saw a 1-D input: the ghost engine needs batched [N, ..., d] inputs"
+            )
+        super().capture(tensor, edge, **details)
 
     def _positions(self, examples: int) -> tuple[Tensor, Tensor]:
         acts, grads = [], []

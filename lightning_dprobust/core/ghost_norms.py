@@ -27,7 +27,14 @@ from functools import cached_property
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import Hook, MaterializedRule, group_rows, one_tensor_call, output_edge
+from lightning_dprobust.core.ghost_layers import (
+    Hook,
+    MaterializedRule,
+    UnsupportedCall,
+    group_rows,
+    one_tensor_call,
+    output_edge,
+)
 
 
 def _exact_types() -> dict[type, str]:
@@ -78,7 +85,7 @@ class NormRule(MaterializedRule):
         def capture_call(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
             inputs = one_tensor_call(mod, args, kwargs, out)
             if len(edges) != 1:
-                raise RuntimeError(
+                raise UnsupportedCall(
                     f"{type(mod).__name__} called its {type(inner).__name__} {len(edges)} times, not once: the "
                     "ghost engine captures the affine map's output there; use engine='vmap'"
                 )

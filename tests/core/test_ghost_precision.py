@@ -229,3 +229,35 @@ def test_a_float32_model_whose_vmap_norms_round_apart_passes_the_check():
     ghost = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="raise")
     ghost((x, y))
     assert not ghost._use_reference and not ghost.fallback_names
+
+
+class Recurrent(torch.nn.Module):
+    """An LSTM over the rows of a ``[1, T, d]`` image, then a head on its last output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.head = torch.nn.LSTM(3, 8, batch_first=True), torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        out, _ = self.lstm(x.squeeze(1))
+        return self.head(out[:, -1])
+
+
+def test_an_lstm_goes_to_vmap_under_auto_and_the_check_runs_in_float32(caplog):
+    """``nn.LSTM`` returns a tuple, which no rule captures: its parameters go to the vmap engine at the first forward
+    (the check's). ``torch.func``'s ``vmap`` of ``nn.LSTM`` fails outside oneDNN, in float64 too, so the check falls
+    back to the model's own dtype, and the step equals the vmap engine's."""
+    from lightning_dprobust.core.engines import build_clipper
+
+    torch.manual_seed(0)
+    module = DPSGD(model=Recurrent(), num_classes=10, input_shape=(1, 5, 3))
+    x, y = batch((1, 5, 3), size=6)
+    clipper, choice = build_clipper("auto", module, "per_example_loss", 0.1)
+    with caplog.at_level("INFO"):
+        actual = clipper((x, y))
+    assert choice.startswith("ghost") and "runs in the model's own dtype" in caplog.text
+    assert clipper.fallback_names == [name for name, _ in module.named_parameters() if ".lstm." in name]
+    expected = PerExampleClipper(module, "per_example_loss", 0.1)((x, y))
+    torch.testing.assert_close(actual.norms, expected.norms)
+    for name, grad in expected.grads.items():
+        torch.testing.assert_close(actual.grads[name], grad)

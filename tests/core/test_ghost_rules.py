@@ -416,13 +416,25 @@ def test_each_conv1d_route_equals_the_vmap_engine(name, views, calls, kernels, m
     _assert_ghost_equals_vmap(module, inputs)
 
 
-def test_an_unbatched_conv1d_call_is_refused_with_a_clear_error():
-    conv = nn.Conv1d(2, 3, 3)
-    module = Wrapper(nn.Sequential(nn.Flatten(2), nn.Flatten(0, 1), conv, nn.Flatten(0), nn.LazyLinear(3)), 1)
-    ghost = GhostClipper(module, "per_example_loss", 1.0)
-    ghost._verified = True  # as after a first step (a first batch of one example goes to the vmap engine)
-    with pytest.raises(RuntimeError, match="2-D input.*batched \\[N, C, L\\].*engine='vmap'"):
-        ghost((torch.randn(1, 2, 3, 3), torch.zeros(1, dtype=torch.long)))
+class UnbatchedLayers(nn.Module):
+    """A ``nn.Conv1d`` on each example's unbatched ``[C, L]`` sequence and a ``nn.Linear`` on each one's 1-D
+    features, then a batched head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.linear, self.head = nn.Conv1d(2, 3, 3), nn.Linear(21, 5), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.head(torch.stack([torch.tanh(self.linear(self.conv(seq).flatten())) for seq in x.flatten(2)]))
+
+
+def test_unbatched_conv1d_and_linear_calls_go_to_vmap_with_the_reason_logged(caplog):
+    torch.manual_seed(0)
+    module = Wrapper(UnbatchedLayers(), 1)
+    with caplog.at_level(logging.WARNING):
+        ghost = _assert_ghost_equals_vmap(module, (torch.randn(4, 2, 3, 3), torch.randint(0, 3, (4,))))
+    assert ghost.fallback_names == ["net.conv.weight", "net.conv.bias", "net.linear.weight", "net.linear.bias"]
+    assert "(a Conv1d saw a 2-D input" in caplog.text and "(a Linear saw a 1-D input" in caplog.text
 
 
 class _ScaledInTraining(nn.Linear):
@@ -643,13 +655,53 @@ class UnbatchedCalls(nn.Module):
 
 
 @pytest.mark.parametrize("name", ["kept", "ghost"])
-def test_unbatched_convolution_calls_are_refused_with_the_layout_error(name):
-    """Whichever route the layer takes (grouping rows by example or unfolding first), the error says what to do."""
+def test_unbatched_convolution_calls_go_to_vmap_and_sums_stay_exact(name, caplog):
+    """Whichever route the layer would take, a call on a single image is not captured: the layer's parameters go to
+    the vmap engine for good, the step is computed again without its hooks, and the log says why."""
+    torch.manual_seed(0)
     build, size, _ = CONVS[name]
     module = UnbatchedCalls(build(), size)
     x, y = torch.randn(4, module.conv.in_channels, size, size), torch.randint(0, 2, (4,))
-    with pytest.raises(RuntimeError, match="consecutive rows.*engine='vmap'|engine='vmap'.*single images"):
-        GhostClipper(module, "per_example_loss", 1.0)((x, y))
+    with caplog.at_level(logging.WARNING):
+        ghost = _assert_ghost_equals_vmap(module, (x, y))
+    assert set(ghost.fallback_names) == {"conv.weight", "conv.bias"} and "3-D input" in caplog.text
+
+
+class PairedOutput(nn.Module):
+    """A leaf layer with its own parameter that returns a tuple (as ``nn.LSTM`` returns its output and states)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+
+    def forward(self, x):
+        return x * self.scale, x.sum(-1)
+
+
+class WithPairedOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch, self.pair, self.head = nn.Linear(3, 4), PairedOutput(), nn.Linear(4, 3)
+
+    def forward(self, x):
+        out, total = self.pair(torch.tanh(self.patch(x)))
+        return self.head(out.mean(1)) + total.mean(1, keepdim=True)
+
+
+@pytest.mark.parametrize("on_mismatch", ["raise", "fallback"])
+def test_a_layer_returning_a_tuple_goes_to_vmap_and_the_step_stays_exact(on_mismatch):
+    """Under either setting (``engine='ghost'`` raises on a mismatch, ``auto`` falls back) such a layer's parameters
+    go to the vmap engine; under ``auto`` every parameter's from the next step on, as for any fallback."""
+    torch.manual_seed(0)
+    module = Wrapper(WithPairedOutput(), 1)
+    inputs = (torch.randn(5, 2, 3), torch.randint(0, 3, (5,)))
+    ghost = GhostClipper(module, "per_example_loss", 0.1, on_mismatch=on_mismatch)
+    for _ in range(2):
+        actual, expected = ghost(inputs), PerExampleClipper(module, "per_example_loss", 0.1)(inputs)
+        torch.testing.assert_close(actual.norms, expected.norms)
+        for name, grad in expected.grads.items():
+            torch.testing.assert_close(actual.grads[name], grad)
+    assert ghost.fallback_names == ["net.pair.scale"] and ghost._use_reference == (on_mismatch == "fallback")
 
 
 def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():

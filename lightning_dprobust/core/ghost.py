@@ -274,6 +274,17 @@ def _stream_hooks(rules: list[LayerRule], examples: int):
 
 
 @contextlib.contextmanager
+def _without_onednn():
+    """oneDNN (``torch.backends.mkldnn``) off inside the block, restored after."""
+    previous = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = previous
+
+
+@contextlib.contextmanager
 def _float64(module: nn.Module, part: tuple[Tensor, ...]):
     """Inside the block, each floating-point parameter and buffer of ``module`` is replaced, in its owner, by a
     float64 copy (one copy per tensor, so that tied parameters stay tied; a parameter's copy is a parameter with its
@@ -617,41 +628,36 @@ class GhostClipper:
     def _verify(self, batch: tuple[Tensor, ...]) -> None:
         """Compare this engine's norms with the vmap engine's on the first examples (eval mode).
 
-        The check tests the algebra and the row layout, not a kernel library, so it runs in float64 (:func:`_float64`:
-        float64 copies of the parameters stand in for them during the check; the parameters themselves are not
-        touched, so DDP's hooks on them stay). In float32 the two engines round apart by more than its tolerance on
-        some models (MobileNetV2 with GroupNorm at random initialization: the vmap engine's norm of one example 0.8 %
-        below its float64 value, the ghost engine's within 1e-5), and ``auto`` then ran vmap for no reason. oneDNN
-        takes no part in float64, so the check's batches of 3 and of 1 example leave no oneDNN kernels compiled for
-        shapes the training steps never use (on ``cnn_tanh`` at batch 64, a float32 check left 3 MB allocated, more
-        than the step's own tensors). A model that cannot run in float64 (a device without it, a float32 tensor that
-        is not a parameter or buffer, ``torch.func``'s ``vmap`` of ``nn.LSTM`` outside oneDNN) is checked in its own
-        dtype.
+        The check runs with oneDNN off: its batches of 3 and of 1 example would otherwise compile and cache oneDNN
+        kernels for shapes the training steps never use (on ``cnn_tanh`` at batch 64, 3 MB that stayed allocated,
+        more than the step's own tensors); where that fails (``torch.func``'s ``vmap`` of ``nn.LSTM`` needs oneDNN),
+        with oneDNN as the caller set it. The check tests the algebra and the row layout, not the rounding: a
+        mismatch is confirmed in float64 before it counts (:func:`_float64`: float64 copies of the parameters stand
+        in for them; the parameters themselves are not touched, so DDP's hooks on them stay). In float32 the two
+        engines round apart by more than the tolerance on some models (MobileNetV2 with GroupNorm at random
+        initialization: the vmap engine's norm of one example 0.8 % below its float64 value, the ghost engine's
+        within 1e-5), and ``auto`` then ran vmap for nothing. Only then: a float64 copy of the parameters costs their
+        memory twice over, which a first check in float64 would add to every first step (ResNet-18: 162 MB against
+        the non-private step's 68). A model that cannot run in float64 keeps the float32 result.
         """
         part = tuple(t[:VERIFY_EXAMPLES] for t in batch)
         modes = {m: m.training for m in self.module.modules()}
         self.module.eval()
         try:
             with float32_products():
-                try:
-                    with _float64(self.module, part) as wide:
-                        ours, shares, reference = self._compared(wide)
-                except (RuntimeError, TypeError) as error:  # no float64 on the device, or a model fixed to float32
-                    log.info("ghost engine: the first-step check runs in the model's own dtype (%s)", error)
-                    ours, shares, reference = self._compared(part)
+                checked = self._checked(part)
+                if not checked[0]:
+                    try:
+                        with _float64(self.module, part) as wide:
+                            checked = self._checked(wide)
+                    except (RuntimeError, TypeError) as error:  # no float64 on the device, or a float32-only model
+                        log.info("ghost engine: the first-step mismatch could not be checked in float64 (%s)", error)
         finally:
             for m, training in modes.items():
                 m.train(training)
         self._verified = True
-        total = torch.stack(list(reference.values())).sum(dim=0)
-        differing = [
-            list(names)
-            for names, share in shares.items()
-            if not torch.allclose(
-                share, sum(reference[name] for name in names), rtol=2 * _VERIFY_RTOL, atol=_VERIFY_SHARE * total.max()
-            )
-        ]
-        if torch.allclose(ours, total.sqrt(), rtol=_VERIFY_RTOL, atol=1e-7) and not differing:
+        agrees, differing, ours, total = checked
+        if agrees:
             return
         captured = self._captured_on_graph()
         if differing and all(set(names) <= captured.keys() for names in differing):
@@ -668,6 +674,26 @@ class GhostClipper:
             raise EngineMismatch(message + "; use engine='vmap'")
         log.warning("%s; using the vmap engine", message)
         self._use_reference = True
+
+    def _checked(self, part: tuple[Tensor, ...]) -> tuple[bool, list[list[str]], Tensor, Tensor]:
+        """``(agree, the rules whose squared norms differ, this engine's norms, the vmap engine's squared norms)``
+        on ``part``, with oneDNN off where the model runs so (:meth:`_verify`)."""
+        try:
+            with _without_onednn():
+                ours, shares, reference = self._compared(part)
+        except RuntimeError as error:
+            log.info("ghost engine: the first-step check runs with oneDNN as set (%s)", error)
+            ours, shares, reference = self._compared(part)
+        total = torch.stack(list(reference.values())).sum(dim=0)
+        differing = [
+            list(names)
+            for names, share in shares.items()
+            if not torch.allclose(
+                share, sum(reference[name] for name in names), rtol=2 * _VERIFY_RTOL, atol=_VERIFY_SHARE * total.max()
+            )
+        ]
+        agrees = torch.allclose(ours, total.sqrt(), rtol=_VERIFY_RTOL, atol=1e-7) and not differing
+        return agrees, differing, ours, total
 
     def _compared(self, part: tuple[Tensor, ...]) -> tuple[Tensor, dict[tuple[str, ...], Tensor], dict[str, Tensor]]:
         """This engine's norms of ``part`` and each rule's squared norms, and the vmap engine's squared norms."""

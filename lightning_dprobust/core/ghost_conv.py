@@ -92,13 +92,14 @@ or faster: 0.53 against 0.65 ms for 4 channels with a 4x4 kernel, and 1.22 again
 
 
 CPU_CORRELATION_CHANNELS = 3
-"""On CPU, the per-example gradients of a layer with at most this many input channels per group (a network's first
+"""On CPU, the per-example gradients of an ungrouped layer with at most this many input channels (a network's first
 layer on grey or RGB images) are one grouped convolution of its inputs by its output gradients
-(:meth:`Conv2dRule._correlation`), not a batched product with unfolded patches. One thread, batch 64, in isolation
-(patches against convolution): ``cnn_tanh``'s first layer on 1x28x28 images 0.61 against 0.44 ms (1.4x; batch 1024:
-10.7 against 7.4 ms), 1 channel with a 3x3 kernel, 32 outputs, 2.10 against 0.65 ms, ResNet-18's stem at 32x32 4.90
-against 2.94 ms, 3 channels with a 3x3 kernel, 16 outputs, 2.09 against 1.90 ms; with 16 channels (``cnn_tanh``'s
-second layer) the convolution was slower, 0.95 against 0.63 ms."""
+(:meth:`Conv2dRule._correlation`), not a batched product with unfolded patches. One thread, batch 64, the rule's
+per-example gradients in isolation, medians of 5 interleaved rounds (patches against convolution): ``cnn_tanh``'s
+first layer on 1x28x28 images 0.61 against 0.50 ms (batch 1024: 10.69 against 8.53 ms), 1 channel with a 3x3 kernel
+and 32 outputs 2.12 against 0.75 ms, ResNet-18's stem at 32x32 5.00 against 3.78 ms, 3 channels with a 3x3 kernel and
+16 outputs 2.08 against 1.98 ms. With 16 channels (``cnn_tanh``'s second layer) the bare convolution took 0.95 ms
+against the patches' 0.63."""
 
 
 CPU_HELD_PATCHES = 2

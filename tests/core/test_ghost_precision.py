@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_dprobust.core import ghost_conv
-from lightning_dprobust.core.ghost import GhostClipper
+from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 
@@ -157,11 +157,23 @@ def test_kept_convolution_gradients_follow_cudnns_tf32_setting_and_dropped_ones_
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, False)
 
 
-def test_the_first_step_check_runs_in_float64_and_leaves_the_parameters_as_they_were(monkeypatch):
-    """The check compares the algebra of two engines: in float32 their roundings differ, in float64 they agree to
-    1e-13. Inside it float64 copies stand in for the parameters and the checked examples are float64; the parameters
-    themselves are never touched (same objects, storage and values; a view keeps aliasing; the hooks on their
-    gradient accumulators, which DDP's reduction uses, still fire), and the step itself runs in float32."""
+def _failing_in_float32(ghost: GhostClipper, seen: list, monkeypatch) -> None:
+    """Make the check's float32 comparison disagree (as float32 rounding can), recording each comparison's dtype."""
+    checked = ghost._checked
+
+    def spy(part):
+        seen.append(part[0].dtype)
+        result = checked(part)
+        return (False, *result[1:]) if part[0].dtype == torch.float32 else result
+
+    monkeypatch.setattr(ghost, "_checked", spy)
+
+
+def test_a_float32_mismatch_is_confirmed_in_float64_leaving_the_parameters_as_they_were(monkeypatch):
+    """Where the float32 comparison disagrees, the check compares again in float64, where the two engines' algebra
+    agrees to 1e-13: float64 copies stand in for the parameters, which are never touched (same objects, storage and
+    values; a view keeps aliasing; the hooks on their gradient accumulators, which DDP's reduction uses, still
+    fire). The step itself runs in float32."""
     module = build("cnn_tanh", (1, 8, 8))
     params = dict(module.named_parameters())
     before = {name: (p.data_ptr(), p.detach().clone()) for name, p in params.items()}
@@ -170,16 +182,11 @@ def test_the_first_step_check_runs_in_float64_and_leaves_the_parameters_as_they_
     accumulator = weight.expand_as(weight).grad_fn.next_functions[0][0]  # DDP hooks each parameter's accumulator
     fired = []
     accumulator.register_hook(lambda *_: fired.append(True))
-    ghost = GhostClipper(module, "per_example_loss", 1.0)
-    seen, clipped_part = [], ghost._clipped_part
-
-    def spy(part, *rest):
-        seen.append((part[0].dtype, view.dtype))
-        return clipped_part(part, *rest)
-
-    monkeypatch.setattr(ghost, "_clipped_part", spy)
+    ghost = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="raise")
+    seen = []
+    _failing_in_float32(ghost, seen, monkeypatch)
     result = ghost(batch((1, 8, 8), size=5))
-    assert seen == [(torch.float64, torch.float32), (torch.float32, torch.float32)]
+    assert seen == [torch.float32, torch.float64] and not ghost._use_reference and not ghost.fallback_names
     assert result.norms.dtype == torch.float32 and all(g.dtype == torch.float32 for g in result.grads.values())
     for name, p in module.named_parameters():
         assert p is params[name] and p.dtype == torch.float32 and p.data_ptr() == before[name][0]
@@ -204,19 +211,16 @@ class FixedProjection(torch.nn.Module):
         return self.head(torch.nn.functional.linear(torch.tanh(self.layer(x.flatten(1))), self.projection))
 
 
-def test_a_model_that_cannot_run_in_float64_is_checked_in_its_own_dtype(caplog):
+def test_a_mismatch_that_cannot_be_checked_in_float64_stands(monkeypatch, caplog):
     torch.manual_seed(0)
     module = DPSGD(model=FixedProjection(), num_classes=10, input_shape=(1, 2, 3))
-    x, y = batch((1, 2, 3), size=5)
-    ghost = GhostClipper(module, "per_example_loss", 0.1)
-    with caplog.at_level("INFO"):
-        actual = ghost((x, y))
-    assert "runs in the model's own dtype" in caplog.text and not ghost._use_reference
+    ghost = GhostClipper(module, "per_example_loss", 0.1, on_mismatch="raise")
+    seen = []
+    _failing_in_float32(ghost, seen, monkeypatch)
+    with caplog.at_level("INFO"), pytest.raises(EngineMismatch):
+        ghost(batch((1, 2, 3), size=5))
+    assert seen == [torch.float32, torch.float64] and "could not be checked in float64" in caplog.text
     assert all(p.dtype == torch.float32 for p in module.parameters())
-    expected = PerExampleClipper(module, "per_example_loss", 0.1)((x, y))
-    torch.testing.assert_close(actual.norms, expected.norms)
-    for name, grad in expected.grads.items():
-        torch.testing.assert_close(actual.grads[name], grad)
 
 
 def test_a_float32_model_whose_vmap_norms_round_apart_passes_the_check():
@@ -243,10 +247,10 @@ class Recurrent(torch.nn.Module):
         return self.head(out[:, -1])
 
 
-def test_an_lstm_goes_to_vmap_under_auto_and_the_check_runs_in_float32(caplog):
+def test_an_lstm_goes_to_vmap_under_auto_and_the_check_keeps_onednn(caplog):
     """``nn.LSTM`` returns a tuple, which no rule captures: its parameters go to the vmap engine at the first forward
-    (the check's). ``torch.func``'s ``vmap`` of ``nn.LSTM`` fails outside oneDNN, in float64 too, so the check falls
-    back to the model's own dtype, and the step equals the vmap engine's."""
+    (the check's). ``torch.func``'s ``vmap`` of ``nn.LSTM`` fails outside oneDNN, so the check runs with oneDNN as
+    set, and the step equals the vmap engine's."""
     from lightning_dprobust.core.engines import build_clipper
 
     torch.manual_seed(0)
@@ -255,7 +259,7 @@ def test_an_lstm_goes_to_vmap_under_auto_and_the_check_runs_in_float32(caplog):
     clipper, choice = build_clipper("auto", module, "per_example_loss", 0.1)
     with caplog.at_level("INFO"):
         actual = clipper((x, y))
-    assert choice.startswith("ghost") and "runs in the model's own dtype" in caplog.text
+    assert choice.startswith("ghost") and "runs with oneDNN as set" in caplog.text
     assert clipper.fallback_names == [name for name, _ in module.named_parameters() if ".lstm." in name]
     expected = PerExampleClipper(module, "per_example_loss", 0.1)((x, y))
     torch.testing.assert_close(actual.norms, expected.norms)

@@ -21,10 +21,8 @@ materializing ``G^T A`` costs ``~T d p``; both unfold the patches). The rule pic
 Patches are unfolded by a strided copy from a channels-last view of the input (:func:`unfold_patches`: the copy
 moves runs of ``kw C`` values; on CPU, where those runs are short, by two copies with longer runs,
 :data:`CPU_TWO_COPY_RUN`), and per-example gradients are one batched product of each example's output gradients
-and patches; on CPU, a layer with few input channels (a network's first layer, :data:`CPU_CORRELATION_CHANNELS`)
-needs no patches: its per-example gradients are one grouped convolution of its inputs by its output gradients
-(:meth:`Conv2dRule._correlation`). On CPU a cache-sized chunk of examples is formed at a time
-(:data:`CPU_CHUNK_VALUES`), which also bounds the memory of the dropped route's per-example gradients by one chunk.
+and patches. On CPU a cache-sized chunk of examples is formed at a time (:data:`CPU_CHUNK_VALUES`), which also bounds
+the memory of the dropped route's per-example gradients by one chunk.
 
 Grouped convolutions (``groups > 1``: depthwise ones in MobileNet, EfficientNet, ConvNeXt) are ``groups``
 convolutions side by side, each from its ``C / groups`` input channels to its ``p / groups`` output channels. Each
@@ -33,7 +31,7 @@ kernel), so their per-example gradients are always materialized (kept, or droppe
 the ghost route is for ``groups == 1``): one batched product over (example, group) pairs of each group's output
 gradients and patches. Depthwise layers (one input channel per group) need no patches: each row's gradient is the
 correlation of its input channels with their output gradients, one depthwise convolution with a group per (row,
-channel) pair (:meth:`Conv2dRule._correlation`), which also gives the dropped route's clipped sum; on maps
+channel) pair (:meth:`Conv2dRule._depthwise_correlation`), which also gives the dropped route's clipped sum; on maps
 of a single output position, where oneDNN is slow at that, a broadcast product of patches and output gradients.
 MobileNetV3-Small, EfficientNet-B0 and ConvNeXt-Atto at 32x32, batch 64, one thread, whole steps in one process: the
 broadcast product alone was 0.93x [0.91-1.02] and 0.84x [0.79-0.91] of the batched product's time on the first
@@ -89,17 +87,6 @@ channel, 8x8 kernel, stride 2; runs of 8) 1.22 against 0.66 ms, 3 channels with 
 1.78 ms, 3 channels with a 5x5 kernel (runs of 15) 4.33 against 3.83 ms. From runs of 16 on, one copy was about as fast
 or faster: 0.53 against 0.65 ms for 4 channels with a 4x4 kernel, and 1.22 against 1.68 ms for ResNet-18's stem (runs of
 21)."""
-
-
-CPU_CORRELATION_CHANNELS = 3
-"""On CPU, the per-example gradients of an ungrouped layer with at most this many input channels (a network's first
-layer on grey or RGB images) are one grouped convolution of its inputs by its output gradients
-(:meth:`Conv2dRule._correlation`), not a batched product with unfolded patches. One thread, batch 64, the rule's
-per-example gradients in isolation, medians of 5 interleaved rounds (patches against convolution): ``cnn_tanh``'s
-first layer on 1x28x28 images 0.61 against 0.50 ms (batch 1024: 10.69 against 8.53 ms), 1 channel with a 3x3 kernel
-and 32 outputs 2.12 against 0.75 ms, ResNet-18's stem at 32x32 5.00 against 3.78 ms, 3 channels with a 3x3 kernel and
-16 outputs 2.08 against 1.98 ms. With 16 channels (``cnn_tanh``'s second layer) the bare convolution took 0.95 ms
-against the patches' 0.63."""
 
 
 CPU_HELD_PATCHES = 2
@@ -229,7 +216,7 @@ class Conv2dRule(LinearRule):
         """Per-example gradients summed over ``calls`` (input, output gradient), one chunk of examples at a time."""
         rows = [group_rows(inputs, examples).shape[1] for inputs, _ in calls]  # refuses 0 examples
         per_example = sum(p.numel() for p in self.tensors().values())
-        unfolds = any(not self._by_correlation(grad) for _, grad in calls)
+        unfolds = any(not self._by_depthwise_convolution(grad) for _, grad in calls)
         if "weight" in self.names and unfolds:  # and the example's unfolded patches (every group's)
             positions = sum(k * math.prod(grad.shape[2:]) for (_, grad), k in zip(calls, rows, strict=True))
             per_example += positions * math.prod(self.conv.weight.shape[1:]) * self.conv.groups
@@ -249,9 +236,9 @@ class Conv2dRule(LinearRule):
         the other), a permuted view ``[B, p, C, kh, kw]`` of the product (the patches are ordered ``(kh, kw, C)``).
         A grouped layer's product is over (example, group) pairs (:meth:`_grouped_product`)."""
         out = {}
-        if "weight" in self.names and self._by_correlation(grad):
+        if "weight" in self.names and self._by_depthwise_convolution(grad):
             with _convolution_precision():
-                out["weight"] = group_rows(self._correlation(inputs, grad), examples).sum(dim=1)
+                out["weight"] = group_rows(self._depthwise_correlation(inputs, grad), examples).sum(dim=1)
         elif "weight" in self.names:
             a = group_rows(unfold_patches(inputs, self.conv), examples).flatten(1, 2)  # [B, k L, d]
             g = group_rows(grad.flatten(2), examples).transpose(1, 2).flatten(2)  # [B, p, k L]
@@ -262,41 +249,28 @@ class Conv2dRule(LinearRule):
             out["bias"] = group_rows(grad, examples).sum(dim=(1, 3, 4))
         return out
 
-    def _depthwise(self) -> bool:
-        """Whether the layer is depthwise: grouped, one input channel per group."""
-        return self.conv.weight.shape[1] == 1 and self.conv.groups > 1
+    def _by_depthwise_convolution(self, grad: Tensor) -> bool:
+        """Whether a depthwise layer's per-example gradients are one depthwise convolution (maps of more than one
+        output position: on a single one, oneDNN took 70 to 250 ms where the broadcast product takes 4 to 8)."""
+        return self.conv.weight.shape[1] == 1 and self.conv.groups > 1 and math.prod(grad.shape[2:]) > 1
 
-    def _by_correlation(self, grad: Tensor) -> bool:
-        """Whether per-example gradients are one grouped convolution (:meth:`_correlation`), not patches: for depthwise
-        layers on maps of more than one output position (on a single one, oneDNN took 70 to 250 ms where the
-        broadcast product takes 4 to 8), and on CPU for ungrouped layers of at most :data:`CPU_CORRELATION_CHANNELS`
-        input channels."""
-        if math.prod(grad.shape[2:]) <= 1:
-            return False
-        ungrouped_few = self.conv.groups == 1 and self.conv.weight.shape[1] <= CPU_CORRELATION_CHANNELS
-        return self._depthwise() or (grad.device.type == "cpu" and ungrouped_few)
-
-    def _correlation(self, inputs: Tensor, grad: Tensor) -> Tensor:
-        """``[N, p, C_g, kh, kw]``: each row's weight gradient, as one grouped convolution of the padded inputs by the
-        output gradients (the layer's stride as the dilation, its dilation as the stride): the ``C_g`` input channels
-        of each group form the batch, each (row, group) pair is a group, and its ``p / groups`` output gradients are
-        that group's filters, so each input channel is correlated with each of its group's output gradients; no
-        patches. (For depthwise layers, summing the rows inside the convolution instead, each channel a group of all
-        rows, was 2 to 7 times slower in oneDNN; batch 64, one thread.)"""
-        conv, rows = self.conv, inputs.shape[0]
+    def _depthwise_correlation(self, inputs: Tensor, grad: Tensor) -> Tensor:
+        """``[N, p, 1, kh, kw]``: a depthwise layer's weight gradient of each row, as one depthwise convolution of the
+        padded inputs by the output gradients (the layer's stride as the dilation, its dilation as the stride; each
+        (row, channel) pair a group): channel ``c`` of a row correlated with its output gradients of channels
+        ``c m .. c m + m - 1``; no patches. (Summing the rows inside the convolution instead, each channel a group of
+        all rows, was 2 to 7 times slower in oneDNN; batch 64, one thread.)"""
+        conv, (rows, channels) = self.conv, inputs.shape[:2]
         (ph, pw), (kh, kw) = conv.padding, conv.kernel_size
-        groups, per_group = conv.groups, conv.weight.shape[1]
         padded = torch.nn.functional.pad(inputs, (pw, pw, ph, ph))
-        stacked = padded.view(rows, groups, per_group, *padded.shape[2:]).permute(2, 0, 1, 3, 4).flatten(1, 2)
         correlated = torch.nn.functional.conv2d(
-            stacked,
+            padded.reshape(1, rows * channels, *padded.shape[2:]),
             grad.reshape(rows * conv.out_channels, 1, *grad.shape[2:]),
             stride=conv.dilation,
             dilation=conv.stride,
-            groups=rows * groups,
+            groups=rows * channels,
         )
-        taps = correlated[..., :kh, :kw].reshape(per_group, rows, conv.out_channels, kh, kw)
-        return taps.permute(1, 2, 0, 3, 4)
+        return correlated[..., :kh, :kw].reshape(rows, *conv.weight.shape)
 
     def _grouped_product(self, g: Tensor, a: Tensor) -> Tensor:
         """``[B, p, kh kw C_g]``: each group's output gradients ``[p / groups, k L]`` times its patches ``[k L, kh kw
@@ -345,8 +319,8 @@ class Conv2dRule(LinearRule):
             scaled = (group_rows(call.grad, factors.shape[0]) * factors.to(call.grad.dtype).view(-1, 1, 1, 1, 1)).view(
                 call.grad.shape
             )
-            if mask[0] and self._depthwise() and self._by_correlation(call.grad):
-                weight = self._correlation(call.inputs, scaled).sum(dim=0)
+            if mask[0] and self._by_depthwise_convolution(call.grad):
+                weight = self._depthwise_correlation(call.inputs, scaled).sum(dim=0)
                 bias = scaled.sum(dim=(0, 2, 3)) if mask[1] else None
             elif _sums_by_product(call):
                 weight, bias = self._product_sum(scaled, call.inputs, mask)

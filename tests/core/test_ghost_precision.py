@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
@@ -135,7 +134,6 @@ def test_kept_convolution_gradients_follow_cudnns_tf32_setting_and_dropped_ones_
     its batched product runs with cuDNN's TF32 setting (on by default, as for the non-private weight gradient), the
     matrix products' own (off by default) restored after. The dropped route's products form norms that a different
     product's share must match, and the first step's check compares with the vmap engine: both stay float32."""
-    monkeypatch.setattr(ghost_conv, "CPU_CORRELATION_CHANNELS", 0)  # the first layer's patches on CPU too
     torch.manual_seed(0)
     module = ThreeConvolutions()
     ghost = GhostClipper(module, "per_example_loss", 1.0)

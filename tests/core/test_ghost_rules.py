@@ -278,17 +278,14 @@ CONVS = {
 
 def _convolution_case(build, calls: int, kernels: str, monkeypatch) -> nn.Module:
     """The case's convolution (for two calls, one from its output channels to themselves) with the CPU kernels that
-    ``kernels`` names: per-example gradients formed one example at a time and joined (``*chunks``), from patches
-    whatever the input channels (``patches``), every clipped sum by the matrix product or the weight-gradient
-    convolution, from the captured inputs (``*_sums``)."""
+    ``kernels`` names: per-example gradients formed one example at a time and joined (``*chunks``), every clipped sum
+    by the matrix product or the weight-gradient convolution, from the captured inputs (``*_sums``)."""
     torch.manual_seed(0)
     conv = build()
     if calls == 2 and conv.in_channels != conv.out_channels:
         conv = type(conv)(conv.out_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
     if kernels.endswith("chunks"):
         monkeypatch.setattr(ghost_conv, "CPU_CHUNK_VALUES", 1)
-    if kernels == "patches":
-        monkeypatch.setattr(ghost_conv, "CPU_CORRELATION_CHANNELS", 0)
     if kernels.endswith("sums"):
         monkeypatch.setattr(ghost_conv, "CPU_PRODUCT_SUM_POSITIONS", 10**6 if kernels == "product_sums" else 0)
         monkeypatch.setattr(ghost_conv, "CPU_HELD_PATCHES", 0)
@@ -308,7 +305,6 @@ def _route(rule: Conv2dRule, examples: int) -> str:
     [
         "cpu",
         "one_example_chunks",
-        "patches",
         "channels_last",
         "channels_last_chunks",
         "product_sums",
@@ -400,7 +396,7 @@ CONV1DS = {
 
 @pytest.mark.parametrize("name", list(CONV1DS))
 @pytest.mark.parametrize(("views", "calls"), [(1, 1), (2, 1), (1, 2)])
-@pytest.mark.parametrize("kernels", ["cpu", "one_example_chunks", "patches", "product_sums", "convolution_sums"])
+@pytest.mark.parametrize("kernels", ["cpu", "one_example_chunks", "product_sums", "convolution_sums"])
 def test_each_conv1d_route_equals_the_vmap_engine(name, views, calls, kernels, monkeypatch):
     """A ``nn.Conv1d`` runs the convolution rule on height-1 maps; its gradients come back in its own weight shape."""
     build, size, route = CONV1DS[name]

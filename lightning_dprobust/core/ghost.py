@@ -636,9 +636,10 @@ class GhostClipper:
         in for them; the parameters themselves are not touched, so DDP's hooks on them stay). In float32 the two
         engines round apart by more than the tolerance on some models (MobileNetV2 with GroupNorm at random
         initialization: the vmap engine's norm of one example 0.8 % below its float64 value, the ghost engine's
-        within 1e-5), and ``auto`` then ran vmap for nothing. Only then: a float64 copy of the parameters costs their
-        memory twice over, which a first check in float64 would add to every first step (ResNet-18: 162 MB against
-        the non-private step's 68). A model that cannot run in float64 keeps the float32 result.
+        within 1e-5), and ``auto`` then ran vmap for nothing. The float64 comparison runs only after a float32
+        mismatch: the float64 copies hold the parameters' memory twice over, which a float64 check at every first
+        step would add (ResNet-18's first step: 162 MB against the non-private step's 68). A model that cannot run in
+        float64 keeps the float32 result.
         """
         part = tuple(t[:VERIFY_EXAMPLES] for t in batch)
         modes = {m: m.training for m in self.module.modules()}

@@ -397,6 +397,9 @@ class GhostClipper:
             rule.reset()
         self.rules = [rule for rule in self.rules if all(rule is not s for s in stray)]
         self._functional = [rule for rule in self._functional if all(rule is not s for s in stray)]
+        for rule in stray:
+            self._spread.pop(id(rule), None)
+            self._shared_rows.pop(id(rule), None)
         self.fallback_names = self.fallback_names + names
         self._fallback = self._fallback_clipper()
         # from the next call on, vmap alone: under "auto" (its fallback's per-example pass costs about as much as
@@ -707,7 +710,7 @@ class GhostClipper:
         weights used by ``F.linear``): captures made where no layer call marks the rows, so that a first-step
         mismatch there sends those parameters to the vmap engine instead of failing the step."""
         rules = [rule for rule in self.rules if isinstance(rule, BroadcastRule)] + self._functional
-        rules += [rule for rule in self._spread.values() if any(rule is kept for kept in self.rules)]
+        rules += list(self._spread.values())
         return {name: rule for rule in rules for name in rule.names.values()}
 
     def _reference_squares(self, part: tuple[Tensor, ...]) -> dict[str, Tensor]:

@@ -13,10 +13,9 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
-from torch.func import functional_call
 
 from lightning_dprobust.callbacks.dp import DPCallback
-from lightning_dprobust.core.per_sample import _LossModule, clip_factors
+from lightning_dprobust.core.per_sample import _LossModule, clip_factors, stateless_call
 from lightning_dprobust.core.transdenoiser_math import (
     input_jacobians,
     rank_allows,
@@ -204,7 +203,7 @@ class TransDenoiserCallback(DPCallback):
 
         def loss(slice_params: dict[str, Tensor], inputs: Tensor, target: Tensor) -> Tensor:
             params = {**frozen, **{f"owner.{name}": p for name, p in slice_params.items()}}
-            return functional_call(wrapper, params, (inputs[None], target[None]), strict=False).sum()
+            return stateless_call(wrapper, params, (inputs[None], target[None])).sum()
 
         jacobians = input_jacobians(loss, {name: frozen[f"owner.{name}"] for name in names}, x)
         return transformation_matrix(jacobians, factors, self.max_grad_norm)

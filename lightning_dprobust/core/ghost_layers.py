@@ -32,10 +32,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
-from torch.func import functional_call, vjp, vmap
+from torch.func import vjp, vmap
 from torch.nn.parameter import is_lazy
 
 from lightning_dprobust.core.ghost_graph import sequence_marker
+from lightning_dprobust.core.per_sample import stateless_call
 
 
 class Hook(NamedTuple):
@@ -408,7 +409,7 @@ class MaterializedRule(LayerRule):
         def example_grads(a: Tensor, g: Tensor, own: dict) -> tuple[Tensor, dict[str, Tensor]]:
             args = (a, *(own.get(i, v) for i, v in enumerate(rest)))
             named = {k: own.get(k, v) for k, v in kwargs.items()}
-            out, pullback = vjp(lambda p: functional_call(self._unhooked, p, args, named, strict=False), params)
+            out, pullback = vjp(lambda p: stateless_call(self._unhooked, p, args, named), params)
             grads = (
                 pullback(g)[0] if out.shape == g.shape else {name: torch.zeros_like(p) for name, p in params.items()}
             )

@@ -117,13 +117,14 @@ class CaiTTokenRule(MaterializedRule):
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """timm's own ``forward_features`` and ``forward_cls``, with class-attention blocks."""
+        """timm's own ``forward_features``, with class-attention blocks, and its ``forward_cls`` where the release has
+        one (timm 1.0.31 moved the class-attention loop out of ``forward_features`` into it; 1.0.29 has none)."""
         from timm.models.cait import Cait
 
         kind = type(model)
         return (
             getattr(kind, "forward_features", None) is Cait.forward_features
-            and getattr(kind, "forward_cls", None) is Cait.forward_cls
+            and getattr(kind, "forward_cls", None) is getattr(Cait, "forward_cls", None)
             and len(getattr(model, "blocks_token_only", None) or ()) > 0
             and all(isinstance(getattr(model, name, None), nn.Module) for name in ("patch_embed", "pos_drop", "blocks"))
         )

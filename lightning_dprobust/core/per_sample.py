@@ -70,6 +70,34 @@ class ClippedSum:
     losses: Tensor
 
 
+def stateless_call(module: nn.Module, tensors: Mapping[str, Tensor], args: tuple, kwargs: dict | None = None):
+    """``module(*args, **kwargs)`` with ``tensors`` (full name -> tensor) in place of the module's parameters or
+    buffers of those names, as ``torch.func.functional_call``, but each slot (an owner module and an attribute name)
+    substituted and restored exactly once; a tensor tied to other slots (the same parameter in two modules) is
+    substituted in all of them.
+
+    Why not ``functional_call``'s own tying: a module reachable under two paths (CoaT's convolutional position
+    encodings, held by the model and by its blocks) is one slot under two names. ``functional_call`` swaps it once per
+    name and puts the originals back in the order it swapped them, so the last write back is the substitute: after a
+    ``vmap`` the module held a dead functorch tensor instead of its parameter (torch 2.11 to 2.14), and training went
+    on without that parameter."""
+    slots: dict[int, dict[tuple[int, str], str]] = {}  # tensor id -> one name per slot holding it
+    named: dict[str, Tensor] = {}
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for store in (owner._parameters, owner._buffers):
+            for attr, tensor in store.items():
+                if tensor is not None:
+                    name = f"{prefix}.{attr}" if prefix else attr
+                    named[name] = tensor
+                    slots.setdefault(id(tensor), {}).setdefault((id(owner), attr), name)
+    substitutes = {}
+    for name, value in tensors.items():
+        if name not in named:
+            raise KeyError(f"{type(module).__name__} has no parameter or buffer named {name!r}")
+        substitutes |= dict.fromkeys(slots[id(named[name])].values(), value)
+    return functional_call(module, substitutes, args, kwargs, tie_weights=False, strict=False)
+
+
 class _LossModule(nn.Module):
     """Exposes ``owner.<method>`` as ``forward`` so ``functional_call`` can substitute the owner's parameters."""
 
@@ -153,7 +181,7 @@ class PerExampleClipper:
     def _example_loss(self, params: Mapping[str, Tensor], example: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         single = tuple(t.unsqueeze(0) for t in example)
         prefixed = {f"owner.{name}": p for name, p in params.items()}
-        loss = functional_call(self._loss_module, prefixed, single, strict=False).sum()
+        loss = stateless_call(self._loss_module, prefixed, single).sum()
         return loss, loss.detach()
 
     def __call__(self, batch: tuple[Tensor, ...]) -> ClippedSum:

@@ -245,6 +245,33 @@ def test_the_crossvit_rule_reads_timm_releases_that_embed_inside_forward_feature
     assert not CrossViTTokenRule.supports(crossvit)
 
 
+def _cait_1029_forward_features(self, x):
+    """timm 1.0.29's ``Cait.forward_features``: the class-attention loop inline, no ``forward_cls``."""
+    x = self.pos_drop(self.patch_embed(x) + self.pos_embed)
+    x = self.blocks(x)
+    cls_tokens = self.cls_token.expand(x.shape[0], -1, -1)
+    for block in self.blocks_token_only:
+        cls_tokens = block(x, cls_tokens)
+    return self.norm(torch.cat((cls_tokens, x), dim=1))
+
+
+def test_the_cait_rule_reads_timm_releases_without_forward_cls(monkeypatch):
+    """timm 1.0.29's ``Cait`` has no ``forward_cls`` (the rule raised AttributeError on the GPU machine's timm): the
+    rule takes that release's ``forward_features`` and its norms equal the vmap engine's; a subclass that replaces
+    ``forward_features`` is still refused."""
+    from timm.models.cait import Cait
+
+    monkeypatch.delattr(Cait, "forward_cls", raising=False)
+    monkeypatch.setattr(Cait, "forward_features", _cait_1029_forward_features)
+    module = build(DPSGD, "timm/cait_xxs24_224")
+    cait = next(m for m in module.modules() if isinstance(m, Cait))
+    assert CaiTTokenRule.supports(cait)
+    assert any(isinstance(rule, CaiTTokenRule) for rule in plan_rules(module)[0])
+    assert_engines_agree(module, images(module, 3))
+    cait.__class__ = type("OwnFeatures", (Cait,), {"forward_features": lambda self, x: x})
+    assert not CaiTTokenRule.supports(cait)
+
+
 class ViewMajor(DPCert):
     """A loss that lays the views out view-major: rows are no longer grouped by example."""
 

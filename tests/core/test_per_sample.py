@@ -220,3 +220,44 @@ def test_clipping_rules_match_their_formulas():
     torch.testing.assert_close(clip_factors(norms, 2.0, "automatic"), 2.0 / (norms + 0.01))
     with pytest.raises(ValueError, match="clipping"):
         clip_factors(norms, 1.0, "per-layer")
+
+
+class SharedBlockNet(TinyNet):
+    """A layer held under two paths (as CoaT's position encodings: by the model and by a block) and a weight tied
+    into a second module: one slot under two names, and one parameter in two slots."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(self.conv)])
+        self.tied = nn.Linear(self.out.in_features, self.out.out_features, bias=False)
+        self.tied.weight = self.out.weight
+
+    def forward(self, x):
+        h = torch.tanh(self.norm(self.blocks[0](x))).flatten(1)
+        h = torch.tanh(self.fc(h))
+        return self.out(h) + self.tied(h)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_module_under_two_names_keeps_its_parameters_and_gets_both_uses_gradients(engine):
+    """``torch.func.functional_call`` restored such a slot twice, the substitute last: the module was left holding a
+    functorch tensor, not its parameter, and the next steps trained without it. Each example's gradient must also
+    include the tied weight's second use."""
+    torch.manual_seed(4)
+    net = SharedBlockNet()
+    held = {name: p for name, p in net.named_parameters(remove_duplicate=False)}
+    x, y = batch(3, seed=6)
+    for _ in range(2):  # the second call runs on what the first left
+        out = clipper_for(engine, net, 1e9)((x, y))
+    assert {name: p for name, p in net.named_parameters(remove_duplicate=False)} == held
+    assert not any(torch._C._functorch.is_functorch_wrapped_tensor(p) for p in held.values())
+    for i in range(3):
+        net.zero_grad()
+        net.per_example_loss(x[i : i + 1], y[i : i + 1]).sum().backward()
+        expected = torch.cat([p.grad.flatten() for p in net.parameters()]).norm()
+        assert out.norms[i] == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_stateless_call_names_a_missing_tensor():
+    with pytest.raises(KeyError, match="no parameter or buffer named 'nope'"):
+        per_sample.stateless_call(TinyNet(), {"nope": torch.zeros(1)}, (torch.zeros(1, 1, 4, 4),))

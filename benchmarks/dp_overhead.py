@@ -101,6 +101,8 @@ CASES = {
     "coat_lite_tiny/b64": ("timm/coat_lite_tiny", (3, 32, 32), 64, {"img_size": 32}),
     # a Fourier position encoding: a layer applied once to a grid the batch shares, then repeated per example
     "xcit_nano/b64": ("timm/xcit_nano_12_p8_224", (3, 32, 32), 64, {"img_size": 32}),
+    # a relative position bias table the attention reads without calling its module: the attention re-run per example
+    "maxvit_nano/b64": ("timm/maxvit_nano_rw_256", (3, 32, 32), 64, {"img_size": 32}),
     # 64 token ids per example, a 30,000 x 128 embedding table: the per-example table is what an engine must avoid
     "token_bag/b64": (TOKEN_BAG, (64,), 64, {"vocabulary": 30_000, "dim": 128}),
 }

@@ -371,6 +371,7 @@ class GhostClipper:
         self._verified = False
         self._use_reference = False
         self._warned_global_hooks = False
+        self._delegated: set[int] = set()  # modules whose parameters were handed to an ancestor's re-run, or tried
 
     def trainable_parameters(self) -> dict[str, Tensor]:
         return self.reference.trainable_parameters()
@@ -393,18 +394,78 @@ class GhostClipper:
             names,
             reason,
         )
-        for rule in stray:
-            rule.reset()
-        self.rules = [rule for rule in self.rules if all(rule is not s for s in stray)]
-        self._functional = [rule for rule in self._functional if all(rule is not s for s in stray)]
-        for rule in stray:
-            self._spread.pop(id(rule), None)
-            self._shared_rows.pop(id(rule), None)
+        self._forget(stray)
         self.fallback_names = self.fallback_names + names
         self._fallback = self._fallback_clipper()
         # from the next call on, vmap alone: under "auto" (its fallback's per-example pass costs about as much as
         # vmap for every parameter), or when no rule is left (e.g. every critic layer under a gradient penalty)
         self._use_reference = self._use_reference or self.on_mismatch == "fallback" or not self.rules
+
+    def _forget(self, rules: list[LayerRule]) -> None:
+        """Drop ``rules`` from the engine, their captures and bookkeeping with them."""
+        for rule in rules:
+            rule.reset()
+            self._spread.pop(id(rule), None)
+            self._shared_rows.pop(id(rule), None)
+        self.rules = [rule for rule in self.rules if all(rule is not r for r in rules)]
+        self._functional = [rule for rule in self._functional if all(rule is not r for r in rules)]
+
+    def _delegate(self, stray: list[LayerRule], unsplit: list[LayerRule], examples: int) -> bool:
+        """Hand the parameters of layers no rule of their own can cover to a :class:`CompositeRule` on their nearest
+        ancestor that also holds a layer called on the examples' rows (once per layer); returns whether any was
+        handed. Such layers are leaf modules never called (stray with no call) and layers called on rows that are not
+        the examples' (a table the batch shares):
+
+        * CoAtNet's and MaxViT's attention (timm ``maxxvit``) reads its relative position bias table through
+          ``self.rel_pos.get_bias()``, a method, not a call of the ``rel_pos`` module, and passes it to the fused
+          attention as its mask: no hook sees that use;
+        * MaxViT-RMLP's bias comes from an MLP called on a coordinate table every window shares.
+
+        Re-running the ancestor per example covers these uses; the graph check then finds every use inside the
+        ancestor's calls, and the first step's check compares the norms with the vmap engine's (or the rule goes to
+        the vmap engine, as any other). The ancestor must be deterministic, hold at most :attr:`CompositeRule.MAX_SHARE`
+        of the model's parameters, and own no rule other than a composite one (which then covers both)."""
+        uncalled = [rule for rule in stray if type(rule) is MaterializedRule and not rule.calls]
+        candidates = [rule for rule in [*uncalled, *unsplit] if id(rule.module) not in self._delegated]
+        if not candidates:
+            return False
+        self._delegated |= {id(rule.module) for rule in candidates}
+        chosen = {id(rule) for rule in candidates}
+        on_rows = {
+            id(rule.module)
+            for rule in self.rules
+            if id(rule) not in chosen and rule.calls and not any(call.shape[0] % examples for call in rule.calls)
+        }
+        handed: dict[int, tuple[nn.Module, dict[str, str], list[LayerRule]]] = {}
+        for rule in candidates:
+            found = self._reruns_for(rule, on_rows)
+            if found is not None:
+                ancestor, path = found
+                entry = handed.setdefault(id(ancestor), (ancestor, {}, []))
+                entry[1].update({f"{rule.path[len(path) + 1 :]}.{local}": full for local, full in rule.names.items()})
+                entry[2].append(rule)
+        for ancestor, names, rules in handed.values():
+            owned = [rule for rule in self.rules if rule.module is ancestor]
+            self._forget(rules + owned)
+            self.rules.append(CompositeRule(ancestor, {k: v for rule in owned for k, v in rule.names.items()} | names))
+            log.info("ghost engine: %s re-run per example for %s", type(ancestor).__name__, sorted(names.values()))
+        return bool(handed)
+
+    def _reruns_for(self, rule: LayerRule, on_rows: set[int]) -> tuple[nn.Module, str] | None:
+        """The nearest ancestor of ``rule``'s module (and its path) that holds a module of ``on_rows`` and that a
+        :class:`CompositeRule` can re-run, or ``None``."""
+        parts = rule.path.split(".")
+        for end in range(len(parts) - 1, 0, -1):
+            path = ".".join(parts[:end])
+            ancestor = self.module.get_submodule(path)
+            if not any(id(sub) in on_rows for sub in ancestor.modules()):
+                continue
+            total = parameter_count(p for p in self.module.parameters() if p.requires_grad)
+            owned = [r for r in self.rules if r.module is ancestor]
+            if any(type(r) is not CompositeRule for r in owned) or _is_stochastic(ancestor):
+                return None
+            return (ancestor, path) if CompositeRule.small_enough(ancestor, total) else None
+        return None
 
     def describe(self) -> str:
         """One line: how many parameter tensors each rule covers and which ones fall back to vmap."""
@@ -530,11 +591,14 @@ class GhostClipper:
         self._capture_on_graph(losses)
         unspread = self._spread_shared_calls(losses, examples)
         stray = self._stray_rules(losses)
-        if stray:
-            self._to_fallback(stray, STRAY)
         unsplit = [
             rule for rule in self.rules if id(rule) in unspread or any(call.shape[0] % examples for call in rule.calls)
         ]
+        if self._delegate(stray, unsplit, examples):
+            return self._output_gradients(part)  # the forward again, with the new rule's hooks
+        if stray:
+            self._to_fallback(stray, STRAY)
+        unsplit = [rule for rule in unsplit if all(rule is not s for s in stray)]
         if unsplit:
             self._to_fallback(unsplit, UNSPLIT)
         streamed = streamed_rules(self.rules, examples)

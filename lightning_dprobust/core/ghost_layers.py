@@ -194,8 +194,15 @@ class LayerRule:
     """What a rule keeps from :meth:`sq_norms` to :meth:`clipped_sum` (rules that keep no per-example gradients)."""
 
     def tensors(self) -> dict[str, Tensor]:
-        """Local parameter name -> parameter, for the trainable parameters this rule covers."""
-        return {local: getattr(self.module, local) for local in self.names}
+        """Local parameter name -> parameter, for the trainable parameters this rule covers (a local name may lead
+        into a sub-module: a composite rule re-run for an uncalled sub-module's parameters)."""
+        return {local: self.module.get_parameter(local) for local in self.names}
+
+    @property
+    def path(self) -> str:
+        """The module's name in the model the engine was given (read off any of its parameters' full names)."""
+        local, full = next(iter(self.names.items()))
+        return full[: len(full) - len(local)].removesuffix(".")
 
     def capture_hooks(self) -> list[Hook]:
         """The forward hooks that capture this rule's calls: a pre-hook on the layer marks where a call starts

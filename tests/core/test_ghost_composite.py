@@ -201,3 +201,91 @@ def test_an_owner_that_returns_several_tensors_goes_to_vmap(monkeypatch):
     ghost(tokens())
     assert ghost.fallback_names == ["block.scale"]
     _assert_ghost_equals_vmap(net, tokens())
+
+
+class BiasTable(nn.Module):
+    """A table read through a method, never called (timm's ``RelPosBias.get_bias()`` in CoAtNet and MaxViT)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.linspace(-1.0, 1.0, TOKENS * DIM).view(TOKENS, DIM))
+
+    def bias(self):
+        return torch.tanh(self.table)
+
+
+class CoordinateMlp(nn.Module):
+    """A bias from a linear layer on a coordinate table all rows share (MaxViT-RMLP's, without its dropout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, DIM)
+        self.register_buffer("coordinates", torch.linspace(0.0, 1.0, TOKENS * 2).view(TOKENS, 2))
+
+    def bias(self):
+        return torch.tanh(self.fc(self.coordinates))
+
+
+class Biased(nn.Module):
+    """A linear layer on the rows plus a bias that no call of the bias's own module gives on the rows; ``outside``:
+    the bias is also added after the block's call (by :class:`BiasedTwice`)."""
+
+    def __init__(self, source: nn.Module, dropout: float = 0.0):
+        super().__init__()
+        self.proj, self.source, self.drop = nn.Linear(DIM, DIM), source, nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(x) + self.source.bias())
+
+
+class BiasedTwice(nn.Module):
+    def __init__(self, block: Biased):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return self.block(x) + self.block.source.bias()
+
+
+def _ghost_equals_vmap_from_the_first_step(net: nn.Module) -> GhostClipper:
+    """Two steps of a fresh ghost engine, its first-step check included (the re-planning happens there), each equal
+    to the vmap engine's norms and clipped sum."""
+    inputs = tokens()
+    per_example, _ = PerExampleClipper(net, "per_example_loss", 1.0).per_example_gradients(inputs)
+    norms = per_example_norms(per_example)
+    bound = float(norms.median())
+    factors = clip_factors(norms, bound, "flat")
+    ghost = GhostClipper(net, "per_example_loss", bound)
+    for _ in range(2):
+        actual = ghost(inputs)
+        torch.testing.assert_close(actual.norms, norms, rtol=1e-10, atol=1e-12)
+        for full, grad in per_example.items():
+            torch.testing.assert_close(actual.grads[full], torch.einsum("b,b...->...", factors, grad))
+    return ghost
+
+
+@pytest.mark.parametrize("source", [BiasTable, CoordinateMlp])
+def test_parameters_no_call_of_their_own_covers_are_re_run_with_their_nearest_called_ancestor(source, monkeypatch):
+    """Never called (the table), or called on rows that are not the examples' (the shared coordinates): the block
+    that holds them and a layer on the examples' rows is re-run per example for them, with no vmap fallback."""
+    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+    torch.manual_seed(0)
+    net = Net(Biased(source()))
+    ghost = _ghost_equals_vmap_from_the_first_step(net)
+    assert not ghost.fallback_names and not ghost._use_reference
+    rule = next(rule for rule in ghost.rules if rule.module is net.block)
+    assert type(rule) is CompositeRule
+    assert set(rule.names.values()) == {name for name, _ in net.block.source.named_parameters(prefix="block.source")}
+
+
+@pytest.mark.parametrize("source", [BiasTable, CoordinateMlp])
+def test_a_re_run_ancestor_that_misses_a_use_or_draws_randomness_leaves_the_parameters_to_vmap(source, monkeypatch):
+    """The bias used after the block's call too (the graph check finds that use outside the re-run block's calls),
+    or a block with dropout (its re-runs cannot replay the draws): the source's parameters go to the vmap engine."""
+    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+    for block in (BiasedTwice(Biased(source())), Biased(source(), dropout=0.5)):
+        torch.manual_seed(0)
+        net = Net(block).eval()
+        ghost = _ghost_equals_vmap_from_the_first_step(net)
+        source_names = {name for name, p in net.named_parameters() if "source." in name}
+        assert set(ghost.fallback_names) == source_names

@@ -30,7 +30,7 @@ from lightning_dprobust.core.ghost_layers import (
 )
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
-from tests.core.test_ghost import CAIT_KWARGS, CROSSVIT_KWARGS, GRAPH_CAPTURED, SWIN_KWARGS
+from tests.core.test_ghost import CAIT_KWARGS, CROSSVIT_KWARGS, GRAPH_CAPTURED, MODELS, SWIN_KWARGS
 
 pytestmark = pytest.mark.usefixtures("double_precision")
 
@@ -731,6 +731,7 @@ def test_a_frozen_convolution_weight_leaves_a_bias_rule_that_stays_exact():
         ("timm/cait_xxs24_224", (3, 16, 16), CAIT_KWARGS),  # class token into the class-attention blocks
         # tokens, embeddings, scales and F.linear products captured on the graph
         *[(name, shape, kwargs) for name, (shape, kwargs) in GRAPH_CAPTURED.items()],
+        ("timm/maxvit_nano_rw_256", *MODELS["timm/maxvit_nano_rw_256"]),  # attention re-run for its bias table
     ],
 )
 @pytest.mark.parametrize("chunks", ["cache_sized", "one_example"])

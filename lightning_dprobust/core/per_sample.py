@@ -90,11 +90,13 @@ def stateless_call(module: nn.Module, tensors: Mapping[str, Tensor], args: tuple
                     name = f"{prefix}.{attr}" if prefix else attr
                     named[name] = tensor
                     slots.setdefault(id(tensor), {}).setdefault((id(owner), attr), name)
-    substitutes = {}
+    substitutes: dict[str, Tensor] = {}
     for name, value in tensors.items():
         if name not in named:
             raise KeyError(f"{type(module).__name__} has no parameter or buffer named {name!r}")
-        substitutes |= dict.fromkeys(slots[id(named[name])].values(), value)
+        for slot_name in slots[id(named[name])].values():
+            if substitutes.setdefault(slot_name, value) is not value:
+                raise ValueError(f"{name!r} and another name of the same tied tensor were given different tensors")
     return functional_call(module, substitutes, args, kwargs, tie_weights=False, strict=False)
 
 

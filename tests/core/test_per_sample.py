@@ -258,6 +258,12 @@ def test_a_module_under_two_names_keeps_its_parameters_and_gets_both_uses_gradie
         assert out.norms[i] == pytest.approx(expected.item(), rel=1e-4)
 
 
-def test_stateless_call_names_a_missing_tensor():
+def test_stateless_call_refuses_a_missing_name_and_two_tensors_for_one_tied_parameter():
+    net, x = SharedBlockNet(), torch.zeros(1, 1, 4, 4)
     with pytest.raises(KeyError, match="no parameter or buffer named 'nope'"):
-        per_sample.stateless_call(TinyNet(), {"nope": torch.zeros(1)}, (torch.zeros(1, 1, 4, 4),))
+        per_sample.stateless_call(net, {"nope": torch.zeros(1)}, (x,))
+    weight = net.out.weight.detach()
+    with pytest.raises(ValueError, match="same tied tensor"):
+        per_sample.stateless_call(net, {"out.weight": weight, "tied.weight": weight.clone()}, (x,))
+    same = per_sample.stateless_call(net, {"out.weight": weight, "tied.weight": weight}, (x,))
+    torch.testing.assert_close(same, net(x))

@@ -196,7 +196,8 @@ class LayerRule:
     def tensors(self) -> dict[str, Tensor]:
         """Local parameter name -> parameter, for the trainable parameters this rule covers (a local name may lead
         into a sub-module: a composite rule re-run for an uncalled sub-module's parameters)."""
-        return {local: self.module.get_parameter(local) for local in self.names}
+        module = self.module
+        return {local: module.get_parameter(local) if "." in local else getattr(module, local) for local in self.names}
 
     @property
     def path(self) -> str:

@@ -36,14 +36,16 @@ Assumptions, checked where possible:
     layer whose calls' rows are not a multiple of the examples otherwise goes to vmap.
 A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its own
 parameters (:class:`~lightning_dprobust.core.ghost_layers.CompositeRule`), unless the first forward's graph captures
-every use of them; calls nest, and the graph check follows them. Parameters used outside any layer call (tokens,
-position embeddings, scales, a linear weight used through ``F.linear``) are captured on the autograd graph after the
-forward (``core/ghost_functional.py``). Parameters with neither (tied between modules, a parametrization's originals,
-uses no capture takes) are handled by the vmap engine, restricted to those parameters; their per-example gradients
-enter the same norms. At every step, the autograd graph of the losses is checked (``core/ghost_graph.py``) for a
-rule's parameter that gets gradient outside its layer's captured calls (a weight penalty in the loss, a weight used
-without calling its layer); such a rule's parameters move to the vmap engine before any norm is computed, so the
-result stays exact.
+every use of them; calls nest, and the graph check follows them. A leaf module whose parameters are used but that is
+never called (CoAtNet's and MaxViT's bias tables, read through a method), or a layer called on a table the examples
+share, is handed to such a rule on its nearest ancestor that also holds a layer on the examples' rows. Parameters used
+outside any layer call (tokens, position embeddings, scales, a linear weight used through ``F.linear``) are captured on
+the autograd graph after the forward (``core/ghost_functional.py``). Parameters with neither (tied between modules, a
+parametrization's originals, uses no capture takes) are handled by the vmap engine, restricted to those parameters;
+their per-example gradients enter the same norms. At every step, the autograd graph of the losses is checked
+(``core/ghost_graph.py``) for a rule's parameter that gets gradient outside its layer's captured calls (a weight penalty
+in the loss, a weight used without calling its layer); such a rule's parameters move to the vmap engine before any norm
+is computed, so the result stays exact.
 """
 
 from __future__ import annotations

@@ -260,3 +260,31 @@ def test_the_module_trains_without_the_callback_and_is_restored_after_fit(tmp_pa
     quiet_trainer(tmp_path, max_steps=2, callbacks=[DPCallback(noise_multiplier=1.0)]).fit(module, digits())
     assert module.private_step is None
     quiet_trainer(tmp_path, max_steps=2).fit(module, digits())
+
+
+class SharedStem(nn.Module):
+    """A layer held under two names, the model's and its block's (as CoaT's position encodings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 3, padding=1)
+        self.block = nn.Sequential(self.stem, nn.Tanh())
+        self.head = nn.Linear(4 * 64, 10)
+
+    def forward(self, x):
+        return self.head(self.block(x).flatten(1))
+
+
+def test_a_layer_under_two_names_stays_the_models_and_trains(tmp_path):
+    """The vmap engine used to leave such a layer holding functorch tensors after one step: the optimizer then stepped
+    parameters the model no longer used, and the layer stopped training."""
+    torch.manual_seed(0)
+    module = DPSGD(model=SharedStem(), num_classes=10, input_shape=(1, 8, 8), lr=0.5)
+    held = dict(module.named_parameters(remove_duplicate=False))
+    before = module.model.stem.weight.detach().clone()
+    callback = DPCallback(max_grad_norm=1.0, noise_multiplier=0.5, delta=1e-5)
+    quiet_trainer(tmp_path, max_steps=3, callbacks=[callback]).fit(module, digits(batch_size=64))
+    assert dict(module.named_parameters(remove_duplicate=False)) == held
+    assert not any(torch._C._functorch.is_functorch_wrapped_tensor(p) for p in held.values())
+    assert module.model.block[0] is module.model.stem
+    assert not torch.equal(module.model.stem.weight, before)

@@ -424,9 +424,10 @@ class GhostClipper:
         * MaxViT-RMLP's bias comes from an MLP called on a coordinate table every window shares.
 
         Re-running the ancestor per example covers these uses; the graph check then finds every use inside the
-        ancestor's calls, and the first step's check compares the norms with the vmap engine's (or the rule goes to
-        the vmap engine, as any other). The ancestor must be deterministic, hold at most :attr:`CompositeRule.MAX_SHARE`
-        of the model's parameters, and own no rule other than a composite one (which then covers both)."""
+        ancestor's calls (or the rule goes to the vmap engine, as any other), and where the handing happens in the
+        first step, as for these models, that step's check compares the norms with the vmap engine's. The ancestor
+        must be deterministic, hold at most :attr:`CompositeRule.MAX_SHARE` of the model's parameters, and own no rule
+        other than a composite one (which then covers both)."""
         uncalled = [rule for rule in stray if type(rule) is MaterializedRule and not rule.calls]
         candidates = [rule for rule in [*uncalled, *unsplit] if id(rule.module) not in self._delegated]
         if not candidates:
@@ -438,9 +439,10 @@ class GhostClipper:
             for rule in self.rules
             if id(rule) not in chosen and rule.calls and not any(call.shape[0] % examples for call in rule.calls)
         }
+        total = parameter_count(p for p in self.module.parameters() if p.requires_grad)
         handed: dict[int, tuple[nn.Module, dict[str, str], list[LayerRule]]] = {}
         for rule in candidates:
-            found = self._reruns_for(rule, on_rows)
+            found = self._reruns_for(rule, on_rows, total)
             if found is not None:
                 ancestor, path = found
                 entry = handed.setdefault(id(ancestor), (ancestor, {}, []))
@@ -453,16 +455,15 @@ class GhostClipper:
             log.info("ghost engine: %s re-run per example for %s", type(ancestor).__name__, sorted(names.values()))
         return bool(handed)
 
-    def _reruns_for(self, rule: LayerRule, on_rows: set[int]) -> tuple[nn.Module, str] | None:
+    def _reruns_for(self, rule: LayerRule, on_rows: set[int], total: int) -> tuple[nn.Module, str] | None:
         """The nearest ancestor of ``rule``'s module (and its path) that holds a module of ``on_rows`` and that a
-        :class:`CompositeRule` can re-run, or ``None``."""
+        :class:`CompositeRule` can re-run (``total``: the model's trainable parameter count), or ``None``."""
         parts = rule.path.split(".")
         for end in range(len(parts) - 1, 0, -1):
             path = ".".join(parts[:end])
             ancestor = self.module.get_submodule(path)
             if not any(id(sub) in on_rows for sub in ancestor.modules()):
                 continue
-            total = parameter_count(p for p in self.module.parameters() if p.requires_grad)
             owned = [r for r in self.rules if r.module is ancestor]
             if any(type(r) is not CompositeRule for r in owned) or _is_stochastic(ancestor):
                 return None

@@ -31,7 +31,11 @@ Assumptions, checked where possible:
     * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
     The first call of two examples or more compares this engine's per-example norms, and each rule's share of them,
     with the vmap engine's on a few examples (in eval mode, so that dropout cannot differ) and refuses to continue (or
-    falls back to vmap) on a mismatch; a capture made on the graph that fails goes to the vmap engine. A linear or
+    falls back to vmap) on a mismatch; a capture made on the graph that fails goes to the vmap engine. A later step
+    whose forward first calls a layer, or adds a capture (a spread call, ``F.linear`` products), is checked so before
+    its result is returned (a layer on a table of 5 rows all examples share, first called in a batch of 5, passes for
+    the examples' rows and its norms were 3 % off); the check sees only what the eval-mode forward of its examples
+    uses. A linear or
     convolution layer applied to a tensor the batch shares, then repeated per example, is captured at the repeat; a
     layer whose calls' rows are not a multiple of the examples otherwise goes to vmap.
 A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its own
@@ -371,6 +375,8 @@ class GhostClipper:
         }
         self._fallback = self._fallback_clipper()
         self._verified = False
+        self._unchecked: list[str] = []  # what a step after the check added, checked at that step's end
+        self._used: set[int] = set()  # the rules that have had calls
         self._use_reference = False
         self._warned_global_hooks = False
         self._delegated: set[int] = set()  # modules whose parameters were handed to an ancestor's re-run, or tried
@@ -409,6 +415,7 @@ class GhostClipper:
             rule.reset()
             self._spread.pop(id(rule), None)
             self._shared_rows.pop(id(rule), None)
+            self._used.discard(id(rule))
         self.rules = [rule for rule in self.rules if all(rule is not r for r in rules)]
         self._functional = [rule for rule in self._functional if all(rule is not r for r in rules)]
 
@@ -509,7 +516,29 @@ class GhostClipper:
                 sums[name] = sums[name].add_(g) if name in sums else g
             norms.append(part_norms)
             losses.append(part_losses)
-        return ClippedSum(self._complete(sums), torch.cat(norms), torch.cat(losses))
+        result = ClippedSum(self._complete(sums), torch.cat(norms), torch.cat(losses))
+        return self._checked_again(batch, result) if self._unchecked else result
+
+    def _added_after_check(self, what: str) -> None:
+        """Note that this step's forward added ``what`` (a rule or capture) after the first-step check, which never
+        compared it with the vmap engine (a module that reads a table through a method only from some step on)."""
+        if self._verified:
+            self._unchecked.append(what)
+
+    def _checked_again(self, batch: tuple[Tensor, ...], result: ClippedSum) -> ClippedSum:
+        """``result``, of a step that added rules or captures after the first-step check, once those have passed the
+        same check on this batch (:meth:`_verify`); where the check changes a choice (parameters moved to the vmap
+        engine, or the vmap engine alone), the step runs again with that choice. A batch of one example is the vmap
+        engine's, and the check waits for the next batch of two examples or more, as at the first step."""
+        log.info("ghost engine: checking against the vmap engine what this step added: %s", self._unchecked)
+        self._unchecked, self._verified = [], False
+        if batch[0].shape[0] == 1:
+            return self.reference(batch)
+        choices = (self._use_reference, list(self.fallback_names), [id(rule) for rule in self.rules])
+        self._verify(batch)
+        if choices == (self._use_reference, self.fallback_names, [id(rule) for rule in self.rules]):
+            return result
+        return self._clipped_sum(batch)
 
     def _complete(self, sums: dict[str, Tensor]) -> dict[str, Tensor]:
         """``sums`` in the order of the trainable parameters, zeros for those no layer call reached."""
@@ -604,6 +633,10 @@ class GhostClipper:
         unsplit = [rule for rule in unsplit if all(rule is not s for s in stray)]
         if unsplit:
             self._to_fallback(unsplit, UNSPLIT)
+        first = [rule for rule in self.rules if rule.calls and id(rule) not in self._used]
+        if first:
+            self._used |= {id(rule) for rule in first}
+            self._added_after_check(f"the first calls of the layers of {[rule.path for rule in first]}")
         streamed = streamed_rules(self.rules, examples)
         chosen = {id(rule) for rule in streamed}
         calls = [call for rule in self.rules if id(rule) not in chosen for call in rule.calls]
@@ -634,6 +667,8 @@ class GhostClipper:
         for call in calls:
             rule = shared[id(call)]
             if id(call) in spread:
+                if rows[id(call)] not in self._shared_rows.get(id(rule), ()):
+                    self._added_after_check(f"{sorted(rule.names.values())} spread over a repeat of {rows[id(call)]}")
                 self._shared_rows.setdefault(id(rule), set()).add(rows[id(call)])
                 self._spread[id(rule)] = rule
         return {id(shared[id(call)]) for call in calls if id(call) not in spread}
@@ -663,6 +698,7 @@ class GhostClipper:
         if not functional:
             return stray
         self._functional = self._functional + functional
+        self._added_after_check(f"captures of F.linear with {[name for r in functional for name in r.names.values()]}")
         capture_on_graph(losses, [], functional)
         return stray_rules(losses, self.rules)
 

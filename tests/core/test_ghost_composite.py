@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_dprobust.core.ghost import GhostClipper, plan_rules
+from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
 from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import CompositeRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
+from tests.core.ghost_checks import without_vmap_checks
 from tests.core.test_ghost_rules import _assert_ghost_equals_vmap
 
 pytestmark = pytest.mark.usefixtures("double_precision")
@@ -100,7 +101,7 @@ def test_a_sub_layers_weight_used_outside_its_call_inside_the_composite_goes_to_
     torch.manual_seed(0)
     net = Net(Gated(leak=True))
     ghost = GhostClipper(net, "per_example_loss", 1.0)
-    ghost._verified = True
+    without_vmap_checks(ghost)
     ghost(tokens())
     assert set(ghost.fallback_names) == {"block.outer.weight", "block.outer.bias"}
     _assert_ghost_equals_vmap(net, tokens())
@@ -125,7 +126,7 @@ def test_a_parameter_used_inside_another_composites_call_is_stray(monkeypatch):
     second = Gated()
     net = Net(nn.Sequential(Borrowing(second), second))
     ghost = GhostClipper(net, "per_example_loss", 1.0)
-    ghost._verified = True
+    without_vmap_checks(ghost)
     ghost(tokens())
     assert ghost.fallback_names == ["block.1.gate"]
     _assert_ghost_equals_vmap(net, tokens())
@@ -143,7 +144,7 @@ def test_a_composite_gives_way_to_graph_captures_of_every_use_of_its_parameters(
     per_example, _ = PerExampleClipper(net, "per_example_loss", 1.0).per_example_gradients(inputs)
     factors = clip_factors(per_example_norms(per_example), 0.5, "flat")
     ghost = GhostClipper(net, "per_example_loss", 0.5)
-    ghost._verified = True
+    without_vmap_checks(ghost)
     for _ in range(2):
         actual = ghost(inputs)
         for name, grad in per_example.items():
@@ -197,7 +198,7 @@ def test_an_owner_that_returns_several_tensors_goes_to_vmap(monkeypatch):
     torch.manual_seed(0)
     net = PairNet(Pair())
     ghost = GhostClipper(net, "per_example_loss", 1.0)
-    ghost._verified = True
+    without_vmap_checks(ghost)
     ghost(tokens())
     assert ghost.fallback_names == ["block.scale"]
     _assert_ghost_equals_vmap(net, tokens())
@@ -289,3 +290,73 @@ def test_a_re_run_ancestor_that_misses_a_use_or_draws_randomness_leaves_the_para
         ghost = _ghost_equals_vmap_from_the_first_step(net)
         source_names = {name for name, p in net.named_parameters() if "source." in name}
         assert set(ghost.fallback_names) == source_names
+
+
+class Switched(Biased):
+    """:class:`Biased` whose bias is added only once ``on`` is set: a path that a later step takes first."""
+
+    def __init__(self, source: nn.Module):
+        super().__init__(source)
+        self.on = False
+
+    def forward(self, x):
+        return super().forward(x) if self.on else self.drop(self.proj(x))
+
+
+def _counting_checks(ghost: GhostClipper, monkeypatch) -> list[int]:
+    """The batch sizes of ``ghost``'s comparisons against the vmap engine, appended as they run."""
+    checks, verify = [], ghost._verify
+    monkeypatch.setattr(ghost, "_verify", lambda batch: checks.append(batch[0].shape[0]) or verify(batch))
+    return checks
+
+
+@pytest.mark.parametrize("source", [BiasTable, CoordinateMlp])
+def test_a_layer_first_used_after_the_first_step_is_checked_against_the_vmap_engine(source, monkeypatch):
+    """The bias source enters the loss at the second step only. The table is then handed to the block's re-run; the
+    coordinate layer is called on 5 shared rows in a batch of 5 examples, rows that pass for the examples' (one
+    each) and would give wrong norms. Either way the step's new layers are compared with the vmap engine on that
+    step, as the first step's were, and the step's result is the block re-run's, equal to the vmap engine's."""
+    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+    torch.manual_seed(0)
+    net = Net(Switched(source()))
+    ghost = GhostClipper(net, "per_example_loss", 1.0)
+    checks = _counting_checks(ghost, monkeypatch)
+    ghost(tokens())
+    assert checks == [5]
+    net.block.on = True
+    inputs = tokens()
+    per_example, _ = PerExampleClipper(net, "per_example_loss", 1.0).per_example_gradients(inputs)
+    norms = per_example_norms(per_example)
+    factors = clip_factors(norms, 1.0, "flat")
+    for _ in range(2):  # checked at the first of these steps only
+        actual = ghost(inputs)
+        assert checks == [5, 5]
+        torch.testing.assert_close(actual.norms, norms, rtol=1e-10, atol=1e-12)
+        for full, grad in per_example.items():
+            torch.testing.assert_close(actual.grads[full], torch.einsum("b,b...->...", factors, grad))
+    assert not ghost.fallback_names and not ghost._use_reference
+    rule = next(rule for rule in ghost.rules if rule.module is net.block)
+    assert type(rule) is CompositeRule and any("source" in name for name in rule.names.values())
+
+
+def test_a_layer_first_used_after_the_first_step_that_differs_from_the_vmap_engine_stops_training(monkeypatch):
+    """A fault in the rule added at the second step (its per-example gradients doubled) is found on that step: the
+    engine raises by default, and with ``on_mismatch="fallback"`` that step's result is the vmap engine's."""
+    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+    gradients = CompositeRule.gradients_of
+    monkeypatch.setattr(CompositeRule, "gradients_of", lambda *args: {k: 2 * g for k, g in gradients(*args).items()})
+    inputs = tokens()
+    for on_mismatch in ("raise", "fallback"):
+        torch.manual_seed(0)
+        net = Net(Switched(BiasTable()))
+        ghost = GhostClipper(net, "per_example_loss", 1.0, on_mismatch=on_mismatch)
+        ghost(inputs)
+        net.block.on = True
+        if on_mismatch == "raise":
+            with pytest.raises(EngineMismatch, match="differ from the vmap engine's"):
+                ghost(inputs)
+            continue
+        expected = PerExampleClipper(net, "per_example_loss", 1.0)(inputs)
+        actual = ghost(inputs)
+        assert ghost._use_reference
+        torch.testing.assert_close(actual.norms, expected.norms, rtol=1e-10, atol=1e-12)

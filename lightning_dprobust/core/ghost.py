@@ -22,7 +22,9 @@ every module (``register_module_forward_hook``), which could replace what they c
 hook or pre-hook is registered, steps run on the vmap engine.
 
 Guarantees (same as :class:`~lightning_dprobust.core.per_sample.PerExampleClipper`): each example's contribution to
-the returned sum has L2 norm ``<= max_grad_norm``; frozen parameters and buffers are never differentiated.
+the returned sum has L2 norm ``<= max_grad_norm``; frozen parameters and buffers are never differentiated. The rules
+are planned again whenever the trainable parameters differ from those they were planned for (a layer frozen or
+unfrozen mid-training, or replaced).
 
 Assumptions, checked where possible:
     * every layer sees example ``i``'s rows as consecutive rows ``[i k, (i + 1) k)`` (true of ``x`` and of
@@ -364,7 +366,15 @@ class GhostClipper:
         self.max_grad_norm, self.clipping = self.reference.max_grad_norm, clipping
         self.max_physical_batch_size = max_physical_batch_size
         self.on_mismatch = on_mismatch
-        self.rules, self.fallback_names = plan_rules(module, parameter_names)
+        self._use_reference = False
+        self._warned_global_hooks = False
+        self._plan(self.trainable_parameters())
+
+    def _plan(self, trainable: dict[str, Tensor]) -> None:
+        """Rules for ``trainable``, the module's trainable parameters as they are now, and everything learned about
+        them reset: the next call of two examples or more is checked against the vmap engine again."""
+        self._planned = trainable
+        self.rules, self.fallback_names = plan_rules(self.module, self.reference.parameter_names)
         self._functional: list[LayerRule] = []  # linear rules whose weight F.linear uses outside the layer's calls
         self._shared_rows: dict[int, set[int]] = {}  # rule -> row counts of its calls on a tensor the batch shares
         self._spread: dict[int, LayerRule] = {}  # the rules of those calls
@@ -377,12 +387,25 @@ class GhostClipper:
         self._verified = False
         self._unchecked: list[str] = []  # what a step after the check added, checked at that step's end
         self._used: set[int] = set()  # the rules that have had calls
-        self._use_reference = False
-        self._warned_global_hooks = False
         self._delegated: set[int] = set()  # modules whose parameters were handed to an ancestor's re-run, or tried
 
     def trainable_parameters(self) -> dict[str, Tensor]:
         return self.reference.trainable_parameters()
+
+    def _replanned(self) -> dict[str, Tensor]:
+        """The trainable parameters, after planning the rules again where they are not those the rules were planned
+        for: a parameter frozen or unfrozen since (Lightning's ``BackboneFinetuning`` unfreezes a backbone
+        mid-training), or a module replaced. The rules would otherwise leave an unfrozen parameter's sum at zero (it
+        would be trained on noise alone) and count a frozen one's gradient in the norms."""
+        trainable = self.trainable_parameters()
+        planned = self._planned
+        if trainable.keys() != planned.keys() or any(p is not planned[name] for name, p in trainable.items()):
+            changed = sorted(trainable.keys() ^ planned.keys()) or "the same names, other tensors"
+            log.info("ghost engine: the trainable parameters changed (%s); planning the rules again", changed)
+            for rule in self.rules:
+                rule.reset()
+            self._plan(trainable)
+        return trainable
 
     def _fallback_clipper(self) -> PerExampleClipper | None:
         """The vmap engine restricted to the parameters without a rule (``None`` when every parameter has one)."""
@@ -492,6 +515,7 @@ class GhostClipper:
 
     def _clipped_sum(self, batch: tuple[Tensor, ...]) -> ClippedSum:
         size = batch[0].shape[0]
+        trainable = self._replanned()
         if _global_forward_hooks():
             if not self._warned_global_hooks:
                 log.warning(GLOBAL_HOOKS)
@@ -505,7 +529,7 @@ class GhostClipper:
             return self.reference(batch)
         if size == 0:
             empty = batch[0].new_zeros(0)
-            return ClippedSum(self._complete({}), empty, empty)
+            return ClippedSum(self._complete({}, trainable), empty, empty)
         chunk = self.max_physical_batch_size or size
         sums: dict[str, Tensor] = {}
         norms, losses = [], []
@@ -516,7 +540,7 @@ class GhostClipper:
                 sums[name] = sums[name].add_(g) if name in sums else g
             norms.append(part_norms)
             losses.append(part_losses)
-        result = ClippedSum(self._complete(sums), torch.cat(norms), torch.cat(losses))
+        result = ClippedSum(self._complete(sums, trainable), torch.cat(norms), torch.cat(losses))
         return self._checked_again(batch, result) if self._unchecked else result
 
     def _added_after_check(self, what: str) -> None:
@@ -540,11 +564,10 @@ class GhostClipper:
             return result
         return self._clipped_sum(batch)
 
-    def _complete(self, sums: dict[str, Tensor]) -> dict[str, Tensor]:
-        """``sums`` in the order of the trainable parameters, zeros for those no layer call reached."""
-        return {
-            name: sums[name] if name in sums else torch.zeros_like(p) for name, p in self.trainable_parameters().items()
-        }
+    @staticmethod
+    def _complete(sums: dict[str, Tensor], trainable: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``sums`` in the order of the ``trainable`` parameters, zeros for those no layer call reached."""
+        return {name: sums[name] if name in sums else torch.zeros_like(p) for name, p in trainable.items()}
 
     # -------------------------------------------------------------------------------------------- internals
     def _clipped_part(

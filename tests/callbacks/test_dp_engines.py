@@ -7,6 +7,7 @@ import logging
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import BaseFinetuning
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.callbacks import DPCallback
@@ -34,6 +35,37 @@ def test_ghost_and_vmap_engines_train_to_the_same_parameters(tmp_path, method):
     assert isinstance(ghost_callback._clipper, GhostClipper)
     torch.testing.assert_close(ghost_params, vmap_params, rtol=1e-4, atol=1e-5)
     assert ghost_callback.ledger.history == vmap_callback.ledger.history
+
+
+class UnfreezeConvolutions(BaseFinetuning):
+    """The convolutions frozen before training and unfrozen, with a parameter group of their own, at the second
+    epoch (Lightning's ``BackboneFinetuning`` does so with a module's ``backbone``)."""
+
+    def freeze_before_training(self, pl_module: L.LightningModule) -> None:
+        self.freeze([pl_module.model.net.conv1, pl_module.model.net.conv2])
+
+    def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer) -> None:
+        if epoch == 1:
+            self.unfreeze_and_add_param_group([pl_module.model.net.conv1, pl_module.model.net.conv2], optimizer)
+
+
+def test_layers_unfrozen_mid_training_train_as_under_the_vmap_engine(tmp_path):
+    """The ghost engine plans its rules again when the trainable parameters change; before, the unfrozen
+    convolutions got zero clipped sums (noise alone) from the ghost engine."""
+    trained = {}
+    for engine in ("vmap", "ghost"):
+        L.seed_everything(0, verbose=False)
+        module = DPSGD(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), lr=0.5)
+        initial = module.model.net.conv1.weight.detach().clone()
+        callback = DPCallback(max_grad_norm=0.5, noise_multiplier=0.1, delta=1e-5, engine=engine, seed=0)
+        trainer = quiet_trainer(
+            tmp_path, max_epochs=2, limit_train_batches=2, callbacks=[UnfreezeConvolutions(), callback]
+        )
+        trainer.fit(module, digits(batch_size=64))
+        assert callback.ledger.steps == 4
+        trained[engine] = torch.cat([p.detach().flatten() for p in module.parameters()])
+        assert not torch.equal(module.model.net.conv1.weight, initial)
+    torch.testing.assert_close(trained["ghost"], trained["vmap"], rtol=1e-4, atol=1e-5)
 
 
 class MixedLogits(torch.nn.Module):

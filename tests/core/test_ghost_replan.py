@@ -1,0 +1,72 @@
+"""The ghost engine follows the trainable parameters: a parameter frozen or unfrozen after the engine was built, or
+a module replaced, gets the rules planned again, and the norms and clipped sums stay the vmap engine's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_dprobust.core.ghost import GhostClipper
+from lightning_dprobust.core.per_sample import PerExampleClipper
+from lightning_dprobust.methods import DPSGD
+
+pytestmark = pytest.mark.usefixtures("double_precision")
+
+
+def _batch(examples: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    return torch.rand(examples, 1, 28, 28, generator=generator), torch.randint(0, 10, (examples,), generator=generator)
+
+
+def _assert_equals_vmap(ghost: GhostClipper, module: nn.Module) -> None:
+    expected = PerExampleClipper(module, "per_example_loss", ghost.max_grad_norm)(_batch())
+    actual = ghost(_batch())
+    assert list(actual.grads) == list(expected.grads)
+    torch.testing.assert_close(actual.norms, expected.norms, rtol=1e-10, atol=1e-12)
+    for name, grad in expected.grads.items():
+        torch.testing.assert_close(actual.grads[name], grad, rtol=1e-10, atol=1e-12)
+
+
+def _counting_checks(ghost: GhostClipper, monkeypatch) -> list[int]:
+    checks, verify = [], ghost._verify
+    monkeypatch.setattr(ghost, "_verify", lambda batch: checks.append(batch[0].shape[0]) or verify(batch))
+    return checks
+
+
+@pytest.fixture
+def module() -> DPSGD:
+    torch.manual_seed(0)
+    return DPSGD(model="cnn_tanh", num_classes=10, input_shape=(1, 28, 28))
+
+
+def test_layers_unfrozen_after_the_engine_was_built_are_clipped_and_summed(module, monkeypatch):
+    """A backbone frozen when the engine was built and unfrozen later (Lightning's ``BackboneFinetuning``): its
+    parameters used to get zero sums (trained on noise alone) and no share of the norms."""
+    for p in module.model.net.parameters():
+        p.requires_grad_(False)
+    module.model.net.fc2.requires_grad_(True)
+    ghost = GhostClipper(module, "per_example_loss", 0.5)
+    checks = _counting_checks(ghost, monkeypatch)
+    _assert_equals_vmap(ghost, module)
+    module.model.net.requires_grad_(True)
+    _assert_equals_vmap(ghost, module)
+    assert checks == [6, 6]  # the new plan is checked against the vmap engine, as the first one was
+    assert {name for rule in ghost.rules for name in rule.names.values()} >= {"model.net.conv1.weight"}
+
+
+def test_layers_frozen_after_the_engine_was_built_leave_the_norms_and_sums(module):
+    ghost = GhostClipper(module, "per_example_loss", 0.5)
+    _assert_equals_vmap(ghost, module)
+    module.model.net.conv1.requires_grad_(False)
+    _assert_equals_vmap(ghost, module)
+    assert not any("conv1" in name for rule in ghost.rules for name in rule.names.values())
+
+
+def test_a_layer_replaced_after_the_engine_was_built_is_clipped_and_summed(module):
+    """Same names, new tensors: the rules held the old layer, whose calls never came; the new layer's parameters
+    reach the loss through no rule's call and used to get zero sums."""
+    ghost = GhostClipper(module, "per_example_loss", 0.5)
+    _assert_equals_vmap(ghost, module)
+    module.model.net.fc2 = nn.Linear(module.model.net.fc2.in_features, 10)
+    _assert_equals_vmap(ghost, module)

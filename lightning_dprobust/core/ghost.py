@@ -37,7 +37,7 @@ Assumptions, checked where possible:
     whose forward first calls a layer, or adds a capture (a spread call, ``F.linear`` products), is checked so before
     its result is returned (a layer on a table of 5 rows all examples share, first called in a batch of 5, passes for
     the examples' rows and its norms were 3 % off); the check sees only what the eval-mode forward of its examples
-    uses. A linear or
+    uses, and a warning names the layers that only the training-mode forward calls. A linear or
     convolution layer applied to a tensor the batch shares, then repeated per example, is captured at the repeat; a
     layer whose calls' rows are not a multiple of the examples otherwise goes to vmap.
 A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its own
@@ -117,6 +117,14 @@ UNSPLIT = (
 UNVERIFIED = (
     "are used outside any layer call and their per-example norms differed from the vmap engine's on the first step "
     "(rows that are not examples', e.g. a parameter broadcast over tokens, or a layer input laid out token-major)"
+)
+
+
+TRAINING_ONLY = (
+    "ghost engine: the layers of %s are called in training mode only; the check against the vmap engine runs in eval "
+    "mode (so that dropout cannot differ) and cannot compare them: their norms rest on the structural checks alone "
+    "(rows a multiple of the examples, the graph check). Use engine='vmap' if their inputs' rows may not be laid out "
+    "by example"
 )
 
 
@@ -387,6 +395,7 @@ class GhostClipper:
         self._verified = False
         self._unchecked: list[str] = []  # what a step after the check added, checked at that step's end
         self._used: set[int] = set()  # the rules that have had calls
+        self._seen_by_check: set[int] = set()  # the rules that have had calls in a check's forward
         self._delegated: set[int] = set()  # modules whose parameters were handed to an ancestor's re-run, or tried
 
     def trainable_parameters(self) -> dict[str, Tensor]:
@@ -439,6 +448,7 @@ class GhostClipper:
             self._spread.pop(id(rule), None)
             self._shared_rows.pop(id(rule), None)
             self._used.discard(id(rule))
+            self._seen_by_check.discard(id(rule))
         self.rules = [rule for rule in self.rules if all(rule is not r for r in rules)]
         self._functional = [rule for rule in self._functional if all(rule is not r for r in rules)]
 
@@ -656,6 +666,8 @@ class GhostClipper:
         unsplit = [rule for rule in unsplit if all(rule is not s for s in stray)]
         if unsplit:
             self._to_fallback(unsplit, UNSPLIT)
+        if not self._verified:  # a check's forward
+            self._seen_by_check |= {id(rule) for rule in self.rules if rule.calls}
         first = [rule for rule in self.rules if rule.calls and id(rule) not in self._used]
         if first:
             self._used |= {id(rule) for rule in first}
@@ -786,6 +798,10 @@ class GhostClipper:
             for m, training in modes.items():
                 m.train(training)
         self._verified = True
+        unseen = [rule for rule in self.rules if id(rule) in self._used and id(rule) not in self._seen_by_check]
+        if unseen:
+            log.warning(TRAINING_ONLY, [rule.path for rule in unseen])
+            self._seen_by_check |= {id(rule) for rule in unseen}  # warned once
         agrees, differing, ours, total = checked
         if agrees:
             return

@@ -4,6 +4,8 @@ captured arguments; its sub-layers keep their own rules."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -360,3 +362,34 @@ def test_a_layer_first_used_after_the_first_step_that_differs_from_the_vmap_engi
         actual = ghost(inputs)
         assert ghost._use_reference
         torch.testing.assert_close(actual.norms, expected.norms, rtol=1e-10, atol=1e-12)
+
+
+class TrainingOnly(nn.Module):
+    """A linear layer on the rows, and a second one added in training mode once ``on`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.extra = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+        self.on = False
+
+    def forward(self, x):
+        return self.proj(x) + self.extra(x) if self.on and self.training else self.proj(x)
+
+
+def test_a_layer_first_used_at_a_later_step_in_training_mode_only_is_named_in_a_warning(monkeypatch, caplog):
+    """The check runs in eval mode, where the new layer is not called: instead of passing for a comparison that did
+    not happen, the engine names the layer once. Its norms, from the structural checks alone, are still right here."""
+    torch.manual_seed(0)
+    net = Net(TrainingOnly())
+    ghost = GhostClipper(net, "per_example_loss", 1.0)
+    checks = _counting_checks(ghost, monkeypatch)
+    ghost(tokens())
+    net.block.on = True
+    expected = PerExampleClipper(net, "per_example_loss", 1.0)(tokens())
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING, logger="lightning_dprobust.core.ghost"):
+            actual = ghost(tokens())
+        torch.testing.assert_close(actual.norms, expected.norms, rtol=1e-10, atol=1e-12)
+    assert checks == [5, 5]
+    warned = [record.getMessage() for record in caplog.records if "training mode only" in record.getMessage()]
+    assert len(warned) == 1 and "block.extra" in warned[0] and "block.proj" not in warned[0]

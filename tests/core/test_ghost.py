@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_dprobust.core.engines import build_clipper
-from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
+from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import (
@@ -19,6 +19,7 @@ from lightning_dprobust.core.ghost_layers import (
     MaterializedRule,
 )
 from lightning_dprobust.core.ghost_norms import NormRule
+from lightning_dprobust.core.ghost_plan import plan_rules
 from lightning_dprobust.core.ghost_tokens import CaiTTokenRule, CrossViTTokenRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper, plan_rules
+from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper
 from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import CompositeRule
+from lightning_dprobust.core.ghost_plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from tests.core.ghost_checks import without_vmap_checks
 from tests.core.test_ghost_rules import _assert_ghost_equals_vmap

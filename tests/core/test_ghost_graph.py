@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_dprobust.core.ghost import GhostClipper, plan_rules
+from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.ghost_graph import sequence_marker
+from lightning_dprobust.core.ghost_plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 from tests.core.ghost_checks import without_vmap_checks

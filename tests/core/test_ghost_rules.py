@@ -14,7 +14,7 @@ from torch import nn
 
 from lightning_dprobust import models
 from lightning_dprobust.core import ghost_conv
-from lightning_dprobust.core.ghost import GhostClipper, plan_rules
+from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
 from lightning_dprobust.core.ghost_embedding import EmbeddingRule
 from lightning_dprobust.core.ghost_functional import BroadcastRule
@@ -29,6 +29,7 @@ from lightning_dprobust.core.ghost_layers import (
     squared_norms,
 )
 from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
+from lightning_dprobust.core.ghost_plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from tests.core.ghost_checks import without_vmap_checks
 from tests.core.test_ghost import CAIT_KWARGS, CROSSVIT_KWARGS, GRAPH_CAPTURED, MODELS, SWIN_KWARGS

@@ -1,4 +1,4 @@
-"""Test helper: a ghost engine without its comparisons against the vmap engine."""
+"""Test helpers for the ghost engine's comparisons against the vmap engine: off, or counted."""
 
 from __future__ import annotations
 
@@ -13,3 +13,10 @@ def without_vmap_checks(ghost: GhostClipper) -> GhostClipper:
     ghost._verified = True
     ghost._added_after_check = lambda what: None
     return ghost
+
+
+def counting_checks(ghost: GhostClipper, monkeypatch) -> list[int]:
+    """The batch sizes of ``ghost``'s comparisons against the vmap engine, appended as they run."""
+    checks, verify = [], ghost._verify
+    monkeypatch.setattr(ghost, "_verify", lambda batch: checks.append(batch[0].shape[0]) or verify(batch))
+    return checks

@@ -16,7 +16,7 @@ from lightning_dprobust.core.ghost_functional import BroadcastRule
 from lightning_dprobust.core.ghost_layers import CompositeRule
 from lightning_dprobust.core.ghost_plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
-from tests.core.ghost_checks import without_vmap_checks
+from tests.core.ghost_checks import counting_checks, without_vmap_checks
 from tests.core.test_ghost_rules import _assert_ghost_equals_vmap
 
 pytestmark = pytest.mark.usefixtures("double_precision")
@@ -306,13 +306,6 @@ class Switched(Biased):
         return super().forward(x) if self.on else self.drop(self.proj(x))
 
 
-def _counting_checks(ghost: GhostClipper, monkeypatch) -> list[int]:
-    """The batch sizes of ``ghost``'s comparisons against the vmap engine, appended as they run."""
-    checks, verify = [], ghost._verify
-    monkeypatch.setattr(ghost, "_verify", lambda batch: checks.append(batch[0].shape[0]) or verify(batch))
-    return checks
-
-
 @pytest.mark.parametrize("source", [BiasTable, CoordinateMlp])
 def test_a_layer_first_used_after_the_first_step_is_checked_against_the_vmap_engine(source, monkeypatch):
     """The bias source enters the loss at the second step only. The table is then handed to the block's re-run; the
@@ -323,7 +316,7 @@ def test_a_layer_first_used_after_the_first_step_is_checked_against_the_vmap_eng
     torch.manual_seed(0)
     net = Net(Switched(source()))
     ghost = GhostClipper(net, "per_example_loss", 1.0)
-    checks = _counting_checks(ghost, monkeypatch)
+    checks = counting_checks(ghost, monkeypatch)
     ghost(tokens())
     assert checks == [5]
     net.block.on = True
@@ -383,7 +376,7 @@ def test_a_layer_first_used_at_a_later_step_in_training_mode_only_is_named_in_a_
     torch.manual_seed(0)
     net = Net(TrainingOnly())
     ghost = GhostClipper(net, "per_example_loss", 1.0)
-    checks = _counting_checks(ghost, monkeypatch)
+    checks = counting_checks(ghost, monkeypatch)
     ghost(tokens())
     net.block.on = True
     expected = PerExampleClipper(net, "per_example_loss", 1.0)(tokens())

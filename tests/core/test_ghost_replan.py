@@ -10,6 +10,7 @@ from torch import nn
 from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
+from tests.core.ghost_checks import counting_checks
 
 pytestmark = pytest.mark.usefixtures("double_precision")
 
@@ -28,12 +29,6 @@ def _assert_equals_vmap(ghost: GhostClipper, module: nn.Module) -> None:
         torch.testing.assert_close(actual.grads[name], grad, rtol=1e-10, atol=1e-12)
 
 
-def _counting_checks(ghost: GhostClipper, monkeypatch) -> list[int]:
-    checks, verify = [], ghost._verify
-    monkeypatch.setattr(ghost, "_verify", lambda batch: checks.append(batch[0].shape[0]) or verify(batch))
-    return checks
-
-
 @pytest.fixture
 def module() -> DPSGD:
     torch.manual_seed(0)
@@ -47,7 +42,7 @@ def test_layers_unfrozen_after_the_engine_was_built_are_clipped_and_summed(modul
         p.requires_grad_(False)
     module.model.net.fc2.requires_grad_(True)
     ghost = GhostClipper(module, "per_example_loss", 0.5)
-    checks = _counting_checks(ghost, monkeypatch)
+    checks = counting_checks(ghost, monkeypatch)
     _assert_equals_vmap(ghost, module)
     module.model.net.requires_grad_(True)
     _assert_equals_vmap(ghost, module)

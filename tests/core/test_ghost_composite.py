@@ -387,3 +387,21 @@ def test_a_layer_first_used_at_a_later_step_in_training_mode_only_is_named_in_a_
     assert checks == [5, 5]
     warned = [record.getMessage() for record in caplog.records if "training mode only" in record.getMessage()]
     assert len(warned) == 1 and "block.extra" in warned[0] and "block.proj" not in warned[0]
+
+
+def test_a_batch_of_one_example_that_first_uses_a_layer_is_the_vmap_engines_and_the_check_waits(monkeypatch):
+    """One example cannot show rows laid out otherwise than by example: as at the first step, that step's result is
+    the vmap engine's, and the comparison runs at the next batch of two examples or more."""
+    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+    torch.manual_seed(0)
+    net = Net(Switched(CoordinateMlp()))
+    ghost = GhostClipper(net, "per_example_loss", 1.0)
+    checks = counting_checks(ghost, monkeypatch)
+    ghost(tokens())
+    net.block.on = True
+    reference = PerExampleClipper(net, "per_example_loss", 1.0)
+    one = tuple(t[:1] for t in tokens())
+    torch.testing.assert_close(ghost(one).norms, reference(one).norms, rtol=1e-10, atol=1e-12)
+    assert checks == [5]
+    torch.testing.assert_close(ghost(tokens()).norms, reference(tokens()).norms, rtol=1e-10, atol=1e-12)
+    assert checks == [5, 5]

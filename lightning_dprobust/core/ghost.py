@@ -301,6 +301,8 @@ class GhostClipper:
             if isinstance(rule, CompositeRule)
         }
         self._fallback = self._fallback_clipper()
+        # under "auto", a parameter without a rule means vmap for every parameter, as when it is found at a step
+        self._use_reference = self._use_reference or (self.on_mismatch == "fallback" and bool(self.fallback_names))
         self._verified = False
         self._unchecked: list[str] = []  # what a step after the check added, checked at that step's end
         self._used: set[int] = set()  # the rules that have had calls

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
@@ -65,3 +66,33 @@ def test_a_layer_replaced_after_the_engine_was_built_is_clipped_and_summed(modul
     _assert_equals_vmap(ghost, module)
     module.model.net.fc2 = nn.Linear(module.model.net.fc2.in_features, 10)
     _assert_equals_vmap(ghost, module)
+
+
+class TiedLayers(nn.Module):
+    """Two linear layers sharing one weight: no layer rule can give its per-example gradient (the sum over both
+    layers' calls), so while it is trainable, it and its owners' other parameters get theirs from the vmap engine."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.first, self.second = nn.Linear(28 * 28, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.second.weight = self.first.weight
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.second(torch.tanh(self.first(torch.tanh(self.embed(x.flatten(1)))))))
+
+
+def test_under_auto_a_parameter_unfrozen_later_without_a_rule_runs_the_vmap_engine_alone():
+    """``auto`` picks the ghost engine only when every parameter has a rule; once an unfrozen parameter has none, it
+    runs the vmap engine for every parameter, as it does when a step finds a parameter no rule covers."""
+    torch.manual_seed(0)
+    module = DPSGD(model=TiedLayers(), num_classes=10, input_shape=(1, 28, 28))
+    tied = next(name for name, _ in module.named_parameters() if name.endswith("first.weight"))
+    module.get_parameter(tied).requires_grad_(False)
+    ghost, choice = build_clipper("auto", module, "per_example_loss", 0.5)
+    assert isinstance(ghost, GhostClipper) and choice.startswith("ghost")
+    _assert_equals_vmap(ghost, module)
+    assert not ghost._use_reference
+    module.get_parameter(tied).requires_grad_(True)
+    _assert_equals_vmap(ghost, module)
+    assert tied in ghost.fallback_names and ghost._use_reference

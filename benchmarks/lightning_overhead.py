@@ -1,0 +1,116 @@
+"""DP-SGD overhead inside Lightning: per-step wall time of ``Trainer.fit`` with ``DPCallback`` against without it.
+
+``dp_overhead.py`` times the private step's computation alone. This script times what a user's fit pays per step:
+Lightning's loop, the method's ``training_step``, ``DPCallback``'s private step (clipped sum, noise, the surrogate
+loss and its backward, the guard's check of ``p.grad``, the accountant's ledger) and the optimizer step. Each fit
+trains ``DPSGD`` on random data of the case's shape (``dp_overhead.CASES``) for ``--warmup`` + ``--steps`` steps;
+a callback times each step from ``on_train_batch_start`` to ``on_train_batch_end``, and a fit's time is the median of
+its steps after the warm-up. The non-private and private fits alternate ``--pairs`` times in one process, and the
+report gives each one's median over the pairs and the median ratio over the pairs with its min-max. Under
+``DPCallback`` the batches are Poisson samples of the case's batch size in expectation (the callback's own loader);
+without it, fixed batches of that size.
+
+Usage: ``python benchmarks/lightning_overhead.py [--cases cnn_tanh/b64 ...] [--engine ghost] [--pairs 3]
+[--steps 30] [--warmup 5]`` (CPU; set ``OMP_NUM_THREADS`` for a fixed thread count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+import warnings
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from dp_overhead import CASES
+
+
+class StepTimer(L.Callback):
+    """Wall-clock seconds of each training step, from batch start to batch end."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, *args) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, *args) -> None:
+        self.times.append(time.perf_counter() - self._start)
+
+
+def fit_step_ms(case: str, engine: str | None, steps: int, warmup: int) -> float:
+    """Median ms of a fit's steps after ``warmup``; ``engine=None``: no ``DPCallback`` (non-private)."""
+    from lightning_dprobust.callbacks import DPCallback
+    from lightning_dprobust.methods import DPSGD
+
+    model, shape, batch_size, model_kwargs = CASES[case]
+    generator = torch.Generator().manual_seed(0)
+    examples = batch_size * (steps + warmup)  # one epoch of the planned steps
+    data = TensorDataset(
+        torch.rand(examples, *shape, generator=generator), torch.randint(0, 10, (examples,), generator=generator)
+    )
+
+    class Data(L.LightningDataModule):
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(data, batch_size=batch_size, shuffle=True)
+
+    torch.manual_seed(0)
+    module = DPSGD(model=model, num_classes=10, input_shape=shape, model_kwargs=model_kwargs, lr=0.01)
+    timer = StepTimer()
+    callbacks = [timer]
+    if engine is not None:
+        callbacks.append(DPCallback(max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5, engine=engine))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps + warmup,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+    )
+    trainer.fit(module, datamodule=Data())
+    timed = timer.times[warmup:]
+    if not timed:
+        raise RuntimeError(f"{case}: the fit ran {len(timer.times)} steps, none after the {warmup} warm-up steps")
+    return 1000 * statistics.median(timed)
+
+
+def compare(case: str, engine: str, pairs: int, steps: int, warmup: int) -> str:
+    """One line: each fit kind's median ms over the pairs, and the ratio's median [min-max] over the pairs."""
+    plain, private = [], []
+    for _ in range(pairs):
+        plain.append(fit_step_ms(case, None, steps, warmup))
+        private.append(fit_step_ms(case, engine, steps, warmup))
+    ratios = [p / n for p, n in zip(private, plain, strict=True)]
+    return (
+        f"{case} ({engine}): ms non-DP {statistics.median(plain):.2f}, DP {statistics.median(private):.2f}; "
+        f"DP / non-DP {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] over {pairs} pairs "
+        f"of fits"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=["cnn_tanh/b64"], choices=[c for c in CASES if "token" not in c])
+    parser.add_argument("--engine", default="ghost", choices=["ghost", "vmap", "auto"])
+    parser.add_argument("--pairs", type=int, default=3, help="alternated non-private and private fits")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per fit (median taken)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed first steps of each fit")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    for case in args.cases:
+        print(compare(case, args.engine, args.pairs, args.steps, args.warmup), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,9 +24,8 @@ import warnings
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, TensorDataset
-
 from dp_overhead import CASES
+from torch.utils.data import DataLoader, TensorDataset
 
 
 class StepTimer(L.Callback):

@@ -22,7 +22,7 @@ from lightning_dprobust.callbacks.dp_checks import (
     guard_single_optimizer,
     release_optimizer_guard,
 )
-from lightning_dprobust.callbacks.dp_guard import PrivateStepGuard
+from lightning_dprobust.callbacks.dp_guard import PrivateStepGuard, gradient_surrogate
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, resolve_delta, steps_within_budget
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
@@ -243,8 +243,9 @@ class DPCallback(Callback):
     def private_step(self, inputs: tuple[Tensor, ...]) -> Tensor:
         """Clip, sum, noise and account one batch; returns a surrogate loss whose gradient is the DP gradient.
 
-        The surrogate ``sum_p <p, g_p>`` (with ``g`` detached) lets Lightning's optimizer loop, the DDP gradient
-        all-reduce and any optimizer run unchanged while ``p.grad`` receives exactly the private gradient, which
+        The surrogate (:func:`~lightning_dprobust.callbacks.dp_guard.gradient_surrogate`) lets Lightning's optimizer
+        loop, the DDP gradient all-reduce and any optimizer run unchanged while ``p.grad`` receives exactly the private
+        gradient, which
         :class:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard` verifies before the optimizer step.
         """
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
@@ -259,7 +260,7 @@ class DPCallback(Callback):
             self.ledger.record(self.noise_multiplier, self.loaders.sample_rate)
         else:
             self._zero_noise_steps += 1
-        return sum((params[name] * grad).sum() for name, grad in private.items())
+        return gradient_surrogate(params, private)
 
     def _add_noise(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
         """``(sum + N(0, (sigma C)^2)) * scale`` per parameter, in place; the noise is drawn on rank 0 only."""

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from lightning_dprobust.callbacks.dp import DPCallback
+from lightning_dprobust.callbacks.dp_guard import gradient_surrogate
 from lightning_dprobust.core.per_sample import _LossModule, clip_factors, stateless_call
 from lightning_dprobust.core.transdenoiser_math import (
     input_jacobians,
@@ -163,7 +164,7 @@ class TransDenoiserCallback(DPCallback):
         self.guard.record(private)
         self.ledger.record(self.xi_up, self.loaders.sample_rate)
         params = self._clipper.trainable_parameters()
-        return sum((params[name] * grad).sum() for name, grad in private.items())
+        return gradient_surrogate(params, private)
 
     def slice_multipliers(self, inputs: tuple[Tensor, ...], losses_z: Tensor, norms: Tensor) -> dict[str, float]:
         """``sigma_bar`` of each slice for this batch (see the class docstring); identical on every DDP rank."""

@@ -5,6 +5,7 @@ captured arguments; its sub-layers keep their own rules."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -306,20 +307,29 @@ class Switched(Biased):
         return super().forward(x) if self.on else self.drop(self.proj(x))
 
 
+def _switched_on_after_a_checked_step(
+    block: Callable[[], nn.Module], monkeypatch, **options
+) -> tuple[Net, GhostClipper, list[int]]:
+    """A net around ``block()`` (``on`` off), a ghost engine (``options``: its arguments) after one checked step, and
+    the batch sizes of its checks (counted from that step on); ``on`` is then set."""
+    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
+    torch.manual_seed(0)
+    net = Net(block())
+    ghost = GhostClipper(net, "per_example_loss", 1.0, **options)
+    checks = counting_checks(ghost, monkeypatch)
+    ghost(tokens())
+    net.block.on = True
+    return net, ghost, checks
+
+
 @pytest.mark.parametrize("source", [BiasTable, CoordinateMlp])
 def test_a_layer_first_used_after_the_first_step_is_checked_against_the_vmap_engine(source, monkeypatch):
     """The bias source enters the loss at the second step only. The table is then handed to the block's re-run; the
     coordinate layer is called on 5 shared rows in a batch of 5 examples, rows that pass for the examples' (one
     each) and would give wrong norms. Either way the step's new layers are compared with the vmap engine on that
     step, as the first step's were, and the step's result is the block re-run's, equal to the vmap engine's."""
-    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
-    torch.manual_seed(0)
-    net = Net(Switched(source()))
-    ghost = GhostClipper(net, "per_example_loss", 1.0)
-    checks = counting_checks(ghost, monkeypatch)
-    ghost(tokens())
+    net, ghost, checks = _switched_on_after_a_checked_step(lambda: Switched(source()), monkeypatch)
     assert checks == [5]
-    net.block.on = True
     inputs = tokens()
     per_example, _ = PerExampleClipper(net, "per_example_loss", 1.0).per_example_gradients(inputs)
     norms = per_example_norms(per_example)
@@ -343,11 +353,9 @@ def test_a_layer_first_used_after_the_first_step_that_differs_from_the_vmap_engi
     monkeypatch.setattr(CompositeRule, "gradients_of", lambda *args: {k: 2 * g for k, g in gradients(*args).items()})
     inputs = tokens()
     for on_mismatch in ("raise", "fallback"):
-        torch.manual_seed(0)
-        net = Net(Switched(BiasTable()))
-        ghost = GhostClipper(net, "per_example_loss", 1.0, on_mismatch=on_mismatch)
-        ghost(inputs)
-        net.block.on = True
+        net, ghost, _ = _switched_on_after_a_checked_step(
+            lambda: Switched(BiasTable()), monkeypatch, on_mismatch=on_mismatch
+        )
         if on_mismatch == "raise":
             with pytest.raises(EngineMismatch, match="differ from the vmap engine's"):
                 ghost(inputs)
@@ -373,12 +381,7 @@ class TrainingOnly(nn.Module):
 def test_a_layer_first_used_at_a_later_step_in_training_mode_only_is_named_in_a_warning(monkeypatch, caplog):
     """The check runs in eval mode, where the new layer is not called: instead of passing for a comparison that did
     not happen, the engine names the layer once. Its norms, from the structural checks alone, are still right here."""
-    torch.manual_seed(0)
-    net = Net(TrainingOnly())
-    ghost = GhostClipper(net, "per_example_loss", 1.0)
-    checks = counting_checks(ghost, monkeypatch)
-    ghost(tokens())
-    net.block.on = True
+    net, ghost, checks = _switched_on_after_a_checked_step(TrainingOnly, monkeypatch)
     expected = PerExampleClipper(net, "per_example_loss", 1.0)(tokens())
     for _ in range(2):
         with caplog.at_level(logging.WARNING, logger="lightning_dprobust.core.ghost"):
@@ -392,13 +395,7 @@ def test_a_layer_first_used_at_a_later_step_in_training_mode_only_is_named_in_a_
 def test_a_batch_of_one_example_that_first_uses_a_layer_is_the_vmap_engines_and_the_check_waits(monkeypatch):
     """One example cannot show rows laid out otherwise than by example: as at the first step, that step's result is
     the vmap engine's, and the comparison runs at the next batch of two examples or more."""
-    monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
-    torch.manual_seed(0)
-    net = Net(Switched(CoordinateMlp()))
-    ghost = GhostClipper(net, "per_example_loss", 1.0)
-    checks = counting_checks(ghost, monkeypatch)
-    ghost(tokens())
-    net.block.on = True
+    net, ghost, checks = _switched_on_after_a_checked_step(lambda: Switched(CoordinateMlp()), monkeypatch)
     reference = PerExampleClipper(net, "per_example_loss", 1.0)
     one = tuple(t[:1] for t in tokens())
     torch.testing.assert_close(ghost(one).norms, reference(one).norms, rtol=1e-10, atol=1e-12)

@@ -230,6 +230,11 @@ def build_step(case: str, mode: str, device: str):
     return _ours(module, mode, x, y)
 
 
+def spread(ratios: list[float]) -> str:
+    """``ratios`` as the benchmarks report them: their median with their min-max, ``1.23x [1.10-1.40]``."""
+    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
 def _worker(case: str, mode: str, device: str, connection) -> None:
     """Serve ``("run", steps)`` requests with step times until ``None``; the first reply says whether setup worked."""
     warnings.filterwarnings("ignore")
@@ -336,7 +341,7 @@ def table_rows(case: str, results: dict[str, dict]) -> list[str]:
         ratio, live_ratios, rss_ratio = "", ["", ""], ""
         if "rounds" in base and mode != "non-DP":
             ratios = [a / b for a, b in zip(result["rounds"], base["rounds"], strict=True)]
-            ratio = f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+            ratio = spread(ratios)
             reference = base["live"] if isinstance(base["live"], tuple) else ("",) * 2
             live_ratios = [_ratio(value, ref) for value, ref in zip(live, reference, strict=True)]
             rss_ratio = _ratio(rss, base["peak"] - base["base"])

@@ -44,12 +44,10 @@ def _worker(package_root: str, case: str, mode: str, device: str, connection) ->
         connection.send(statistics.median(timed_steps(step, steps, device)))
 
 
-def _spread(ratios: list[float]) -> str:
-    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-
-
 def compare(case: str, roots: dict[str, str], device: str, rounds: int, steps: int) -> str:
     """One line: median ms of each variant, and the per-round ratios new / non-DP, old / non-DP and new / old."""
+    from dp_overhead import spread
+
     context = mp.get_context("spawn")
     workers = {}
     for name, version, mode in VARIANTS:
@@ -74,8 +72,8 @@ def compare(case: str, roots: dict[str, str], device: str, rounds: int, steps: i
     }
     return (
         f"{case} ({sources['new']} vs {sources['old']}): ms non-DP {ms['non-DP']:.1f}, new {ms['new']:.1f}, "
-        f"old {ms['old']:.1f}; new / non-DP {_spread(ratio['new', 'non-DP'])}, old / non-DP "
-        f"{_spread(ratio['old', 'non-DP'])}, new / old {_spread(ratio['new', 'old'])}"
+        f"old {ms['old']:.1f}; new / non-DP {spread(ratio['new', 'non-DP'])}, old / non-DP "
+        f"{spread(ratio['old', 'non-DP'])}, new / old {spread(ratio['new', 'old'])}"
     )
 
 

@@ -21,6 +21,7 @@ import warnings
 from types import SimpleNamespace
 
 import torch
+from dp_overhead import spread
 
 from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.methods.igamt import IGAMT
@@ -70,11 +71,9 @@ def main() -> None:
                 times[mode].append(_time(modules[mode], x, m, 5))
         for mode, values in times.items():
             ratios = [t / base for t, base in zip(values, times["non-DP"], strict=True)]
-            spread = (
-                "" if mode == "non-DP" else f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-            )
+            ratio = "" if mode == "non-DP" else spread(ratios)
             wiring = "strict_dp" if strict_dp else "thesis"
-            print(f"| {wiring} | {mode} | {statistics.median(values) * 1000:.1f} | {spread} |")
+            print(f"| {wiring} | {mode} | {statistics.median(values) * 1000:.1f} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import warnings
 
 import lightning as L
 import torch
-from dp_overhead import CASES
+from dp_overhead import CASES, spread
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -92,7 +92,7 @@ def compare(case: str, engine: str, pairs: int, steps: int, warmup: int) -> str:
     ratios = [p / n for p, n in zip(private, plain, strict=True)]
     return (
         f"{case} ({engine}): ms non-DP {statistics.median(plain):.2f}, DP {statistics.median(private):.2f}; "
-        f"DP / non-DP {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] over {pairs} pairs "
+        f"DP / non-DP {spread(ratios)} over {pairs} pairs "
         f"of fits"
     )
 

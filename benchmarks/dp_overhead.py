@@ -73,6 +73,15 @@ CASES = {
     # GPU: the models' own 224x224 images, where a step is bound by arithmetic rather than launches
     "resnet18_224/b64": ("timm/resnet18", (3, 224, 224), 64, {}),
     "vit_tiny_224/b64": ("timm/vit_tiny_patch16_224", (3, 224, 224), 64, {}),
+    # the layers of ResNet-18 and ViT-Tiny at widths where the arithmetic is next to nothing: a step's time is the
+    # engines' Python and operator dispatch, which a GPU step at batch 64 waits on (a CPU proxy for that cost)
+    "resnet18_narrow/b2": ("timm/resnet18", (3, 64, 64), 2, {"channels": (4, 8, 16, 32), "stem_width": 4}),
+    "vit_tiny_narrow/b2": (
+        "timm/vit_tiny_patch16_224",
+        (3, 8, 8),
+        2,
+        {"img_size": 8, "patch_size": 4, "embed_dim": 16, "num_heads": 2},
+    ),
     # CPU: depthwise convolutions, normalization layers with activations, ConvNeXt's LayerNorm2d and layer scale
     "mobilenetv3/b64": ("timm/mobilenetv3_small_050", (3, 32, 32), 64, {}),
     "efficientnet_b0/b64": ("timm/efficientnet_b0", (3, 32, 32), 64, {}),

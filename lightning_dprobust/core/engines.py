@@ -7,7 +7,11 @@
 * ``auto``: ``ghost`` when every trainable parameter has a layer rule (and, at the first step, its norms agree
   with vmap's on a few examples, else it switches to vmap), otherwise ``vmap``.
 
-Both engines return the same :class:`~lightning_dprobust.core.per_sample.ClippedSum` with the same guarantee.
+Both engines return the same :class:`~lightning_dprobust.core.per_sample.ClippedSum` with the same guarantee, on one
+assumption the ghost engine cannot check at every step: the per-example loss does not mix examples. ``vmap`` computes
+each example's loss alone, so no loss term can; ``ghost`` computes the batch at once and compares its norms with
+``vmap``'s at the first step and every :data:`~lightning_dprobust.core.ghost.CHECK_EVERY` steps after, so a loss
+that starts to mix examples during training is found at the next check, not at once (use ``vmap`` for such losses).
 """
 
 from __future__ import annotations

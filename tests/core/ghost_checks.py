@@ -6,11 +6,12 @@ from lightning_dprobust.core.ghost import GhostClipper
 
 
 def without_vmap_checks(ghost: GhostClipper) -> GhostClipper:
-    """``ghost`` with its comparisons against the vmap engine off (the first step's, and those of the layers first
-    called at a later step), so that a test sees what the rules and the structural checks do on their own: a failed
-    comparison would otherwise hand a parameter to the vmap engine, and the test would compare that engine with
-    itself."""
+    """``ghost`` with its comparisons against the vmap engine off (the first step's, the periodic ones, and those of
+    the layers first called at a later step), so that a test sees what the rules and the structural checks do on
+    their own: a failed comparison would otherwise hand a parameter to the vmap engine, and the test would compare
+    that engine with itself."""
     ghost._verified = True
+    ghost.check_every = None
     ghost._added_after_check = lambda what: None
     return ghost
 

@@ -97,7 +97,9 @@ class DPCallback(Callback):
             seed is secret and trains one model.
         engine: per-example clipping engine: ``"vmap"`` (``torch.func``, any model), ``"ghost"`` (ghost norms and
             book-keeping, close to non-private cost) or ``"auto"`` (ghost when every layer has a rule); the choice
-            is logged. Same guarantee either way (see :mod:`lightning_dprobust.core.engines`).
+            is logged. Same guarantee either way, for a per-example loss that never mixes examples; ``"ghost"``
+            checks that against ``"vmap"`` at the first step and every 100 steps, not at every step, so use
+            ``"vmap"`` for losses that change during training (see :mod:`lightning_dprobust.core.engines`).
 
     Example:
         >>> from lightning_dprobust.callbacks import DPCallback

@@ -80,9 +80,11 @@ class GenerativeDPModule(L.LightningModule):
         lr_decay: the factor of each component's exponential learning-rate decay per epoch.
         engine: per-example clipping engine of each private component's loss: ``"vmap"`` (default), ``"auto"`` or
             ``"ghost"`` (:mod:`lightning_dprobust.core.engines`); the choice is logged once per (component, loss).
-            Same guarantee either way. ``vmap`` is the default because it is the faster one at the sizes this
-            library ships (IGAMT at ``configs/igamt/synthetic.yaml``'s sizes, CPU: README, "Generative methods"):
-            the per-layer rules pay hooks and graph walks that a 32-wide transformer does not repay.
+            Same guarantee either way, for losses that never mix examples (``ghost`` checks that at its first call
+            and every 100 calls, :mod:`lightning_dprobust.core.engines`). ``vmap`` is the default because it is the
+            faster one at the sizes this library ships (IGAMT at ``configs/igamt/synthetic.yaml``'s sizes, CPU:
+            README, "Generative methods"): the per-layer rules pay hooks and graph walks that a 32-wide transformer
+            does not repay.
     """
 
     def __init__(

@@ -256,8 +256,7 @@ class GhostClipper:
         on_mismatch: ``"raise"`` (default) raises :class:`EngineMismatch` when a check against the vmap engine
             fails; ``"fallback"`` logs a warning and uses the vmap engine from then on.
         check_every: run the check against the vmap engine again every this many calls of two examples or more
-            (:data:`CHECK_EVERY`);
-            ``None``: only at the first call of two examples or more and at steps that add layers or captures.
+            (:data:`CHECK_EVERY`); ``None``: only at the first such call and at steps that add layers or captures.
         parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
             argument of that name; layers owning none of them are not captured, gradients flow through them.
 
@@ -754,8 +753,7 @@ class GhostClipper:
             f"ghost engine per-example norms {ours.tolist()} (those of {differing[:3]} among them) differ from the "
             f"vmap engine's {total.sqrt().tolist()}: the loss does not lay out example rows consecutively, a layer "
             "or a loss term mixes examples, a layer sees rows that are not examples' (a parameter broadcast over "
-            "tokens), or the model "
-            "draws randomness in eval mode (e.g. residual noise with noise_at_eval)"
+            "tokens), or the model draws randomness in eval mode (e.g. residual noise with noise_at_eval)"
         )
         if self.on_mismatch == "raise":
             raise EngineMismatch(message + "; use engine='vmap'")

@@ -92,8 +92,7 @@ def compare(case: str, engine: str, pairs: int, steps: int, warmup: int) -> str:
     ratios = [p / n for p, n in zip(private, plain, strict=True)]
     return (
         f"{case} ({engine}): ms non-DP {statistics.median(plain):.2f}, DP {statistics.median(private):.2f}; "
-        f"DP / non-DP {spread(ratios)} over {pairs} pairs "
-        f"of fits"
+        f"DP / non-DP {spread(ratios)} over {pairs} pairs of fits"
     )
 
 

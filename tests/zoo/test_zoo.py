@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import statistics
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,7 @@ def test_cache_and_url_come_from_the_environment(monkeypatch, tmp_path):
 
 # --------------------------------------------------------------------------------------- the shipped weights
 EMBEDDED = ("digits", "mnist5k")
+RESIDUAL_DRAWS = 10
 SHIPPED_EMBEDDED = [entry for entry in zoo.list_entries() if entry.shipped and entry.meta["dataset"] in EMBEDDED]
 SHIPPED_ATTACKS = [entry for entry in SHIPPED_EMBEDDED if entry.kind == "attack"]
 
@@ -297,11 +299,17 @@ def test_shipped_weights_reach_their_recorded_test_accuracy(entry, monkeypatch, 
         sigma, batches = entry.meta["smoothing"]["sigma"], images.split(256)
         draws = [torch.randn(b.shape, generator=torch.Generator().manual_seed(0)) for b in batches]
         images = torch.cat([b + sigma * noise for b, noise in zip(batches, draws, strict=True)])
-    torch.manual_seed(0)  # residual perturbation draws its test-time noise from the global RNG: one fixed draw
+    torch.manual_seed(0)
+    # residual perturbation keeps its noise at test time, drawn from a secret generator of its own: one draw's
+    # accuracy varies (rp1_en1_digits, 20 loads: 0.953 to 0.983, std 0.009; recorded 0.958, one draw), so the test
+    # takes the mean over RESIDUAL_DRAWS forwards (one draw failed the tolerance once in a clean-clone run)
+    residual = entry.meta["method"] == "ResidualPerturbation"
     with torch.no_grad():
-        accuracy = (model(images).argmax(dim=1) == labels).float().mean().item()
-    # residual perturbation keeps its noise at test time: one draw per image moves the accuracy by about 1 %
-    tolerance = 0.03 if entry.meta["method"] == "ResidualPerturbation" else 0.005
+        accuracy = statistics.mean(
+            (model(images).argmax(dim=1) == labels).float().mean().item()
+            for _ in range(RESIDUAL_DRAWS if residual else 1)
+        )
+    tolerance = 0.03 if residual else 0.005
     assert abs(accuracy - entry.meta["metrics"]["test_acc"]) <= tolerance
     assert accuracy > 0.5, "an embedded-data model must beat chance (10%) by far"
 

@@ -741,7 +741,7 @@ class GhostClipper:
         if unseen:
             log.warning(TRAINING_ONLY, [rule.path for rule in unseen])
             self._seen_by_check |= {id(rule) for rule in unseen}  # warned once
-        agrees, differing, ours, total = checked
+        agrees, differing = checked
         if agrees:
             return
         captured = self._captured_on_graph()
@@ -749,9 +749,10 @@ class GhostClipper:
             moved = {id(captured[name]): captured[name] for names in differing for name in names}
             self._to_fallback(list(moved.values()), UNVERIFIED)
             return
+        # no norm values: they are computed from private examples before clipping, and logs are released
         message = (
-            f"ghost engine per-example norms {ours.tolist()} (those of {differing[:3]} among them) differ from the "
-            f"vmap engine's {total.sqrt().tolist()}: the loss does not lay out example rows consecutively, a layer "
+            f"ghost engine per-example norms (those of {differing[:3]} among them) differ from the vmap engine's by "
+            f"more than {_VERIFY_RTOL:g} relative: the loss does not lay out example rows consecutively, a layer "
             "or a loss term mixes examples, a layer sees rows that are not examples' (a parameter broadcast over "
             "tokens), or the model draws randomness in eval mode (e.g. residual noise with noise_at_eval)"
         )
@@ -760,9 +761,9 @@ class GhostClipper:
         log.warning("%s; using the vmap engine", message)
         self._use_reference = True
 
-    def _checked(self, part: tuple[Tensor, ...]) -> tuple[bool, list[list[str]], Tensor, Tensor]:
-        """``(agree, the rules whose squared norms differ, this engine's norms, the vmap engine's squared norms)``
-        on ``part``, with oneDNN off where the model runs so (:meth:`_verify`)."""
+    def _checked(self, part: tuple[Tensor, ...]) -> tuple[bool, list[list[str]]]:
+        """``(agree, the rules whose squared norms differ)`` on ``part``, with oneDNN off where the model runs so
+        (:meth:`_verify`)."""
         try:
             with _without_onednn():
                 ours, shares, reference = self._compared(part)
@@ -778,7 +779,7 @@ class GhostClipper:
             )
         ]
         agrees = torch.allclose(ours, total.sqrt(), rtol=_VERIFY_RTOL, atol=1e-7) and not differing
-        return agrees, differing, ours, total
+        return agrees, differing
 
     def _compared(self, part: tuple[Tensor, ...]) -> tuple[Tensor, dict[tuple[str, ...], Tensor], dict[str, Tensor]]:
         """This engine's norms of ``part`` and each rule's squared norms, and the vmap engine's squared norms."""

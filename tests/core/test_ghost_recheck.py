@@ -94,3 +94,21 @@ def test_a_bad_interval_is_refused_by_name(module, bad):
 def test_the_engines_dpcallback_builds_check_periodically(module, engine):
     clipper, _ = build_clipper(engine, module, "per_example_loss", 1.0)
     assert isinstance(clipper, GhostClipper) and clipper.check_every == CHECK_EVERY
+
+
+def test_a_mismatch_reports_no_per_example_norm(module, caplog):
+    """The norms are computed from private examples before clipping; the error and the log are released, so they
+    name the rules that differ but carry no norm value."""
+    raising = GhostClipper(module, "per_example_loss", 1.0, check_every=1)
+    falling_back = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="fallback", check_every=1)
+    raising(_batch())
+    falling_back(_batch())
+    module.mixing = True
+    norms = PerExampleClipper(module, "per_example_loss", 1.0)(_batch()).norms[:3].tolist()
+    with pytest.raises(EngineMismatch) as error:
+        raising(_batch())
+    with caplog.at_level("WARNING", logger="lightning_dprobust"):
+        falling_back(_batch())
+    released = str(error.value) + caplog.text
+    assert "model.net.fc2.weight" in released and "using the vmap engine" in caplog.text
+    assert not any(f"{norm:.4f}"[:-1] in released for norm in norms)  # not even to three decimals

@@ -18,11 +18,18 @@ from typing_extensions import override
 from lightning_dprobust.callbacks.dp_checks import (
     check_accumulation,
     check_module,
+    check_optimizer,
     check_trainer,
     guard_single_optimizer,
     release_optimizer_guard,
 )
-from lightning_dprobust.callbacks.dp_guard import PrivateStepGuard, gradient_surrogate
+from lightning_dprobust.callbacks.dp_guard import (
+    BufferWatch,
+    PrivateStepBypassed,
+    PrivateStepGuard,
+    gradient_surrogate,
+    guard_optimizer_step,
+)
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, resolve_delta, steps_within_budget
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
@@ -52,8 +59,11 @@ class DPCallback(Callback):
        optimizer (SGD, Adam, ...: post-processing);
     5. the step is recorded in a privacy ledger; ``privacy/epsilon`` is logged at each epoch end, printed at the
        end of ``fit`` and added to ``test``'s metrics;
-    6. before the optimizer applies the gradient, it is verified to be exactly the private one of exactly one
-       private step (:class:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard`); anything else stops the run.
+    6. inside the optimizer's step, after every hook that can touch ``.grad`` and before the update, the gradient of
+       every tensor the optimizer updates is verified to be exactly the private one of exactly one private step
+       (:class:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard`), and the module's buffers to be those of
+       the step's start (:class:`~lightning_dprobust.callbacks.dp_guard.BufferWatch`); anything else stops the run
+       with the buffers restored. An optimizer that calls its closure twice in one step (``LBFGS``) is refused.
 
     The masks of step 1 and the noise of step 3 come from generators the callback seeds from the operating system's
     entropy at each ``fit`` (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`), never from the
@@ -69,7 +79,8 @@ class DPCallback(Callback):
         before any step would exceed ``target_epsilon`` or ``epsilon_budget``.
 
     Assumptions (each violation is refused at setup with a message that says how to fix it):
-        one optimizer; no gradient accumulation (checked at every step); no fp16 or ``bf16-true`` precision
+        one optimizer that evaluates its closure once per step (not ``LBFGS``); no gradient accumulation (checked at
+        every step); no buffer written by a training step (checked at every step); no fp16 or ``bf16-true`` precision
         (``bf16-mixed`` is accepted; the ghost engine computes the private step in float32 under it); no
         resume from a checkpoint without a DP ledger; a default delta of at most 1e-3; no Lightning gradient
         clipping; no BatchNorm or other layer mixing examples; the train loader built by this callback (Poisson
@@ -98,8 +109,13 @@ class DPCallback(Callback):
         engine: per-example clipping engine: ``"vmap"`` (``torch.func``, any model), ``"ghost"`` (ghost norms and
             book-keeping, close to non-private cost) or ``"auto"`` (ghost when every layer has a rule); the choice
             is logged. Same guarantee either way, for a per-example loss that never mixes examples; ``"ghost"``
-            checks that against ``"vmap"`` at the first step and every 100 steps, not at every step, so use
-            ``"vmap"`` for losses that change during training (see :mod:`lightning_dprobust.core.engines`).
+            checks that against ``"vmap"``, in training mode, at the first step and every 100 steps, not at every
+            step, so use ``"vmap"`` for losses that change during training (see
+            :mod:`lightning_dprobust.core.engines`).
+        on_late_mismatch: what a failed check of the ghost engine after its first does (the steps since the last
+            passing check had no bounded sensitivity): ``"raise"`` (default) stops the run; ``"fallback"`` goes on
+            with ``"vmap"`` and reports epsilon as infinite from then on (those steps are counted, and kept in the
+            checkpoint).
 
     Example:
         >>> from lightning_dprobust.callbacks import DPCallback
@@ -120,6 +136,7 @@ class DPCallback(Callback):
         clipping: str = "flat",
         seed: int | None = None,
         engine: str = "auto",
+        on_late_mismatch: str = "raise",
     ) -> None:
         _validate_arguments(
             max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate
@@ -128,7 +145,12 @@ class DPCallback(Callback):
             raise MisconfigurationException(f"DPCallback(clipping={clipping!r}) must be one of {CLIPPING_RULES}")
         if engine not in ENGINES:
             raise MisconfigurationException(f"DPCallback(engine={engine!r}) must be one of {ENGINES}")
+        if on_late_mismatch not in ("raise", "fallback"):
+            raise MisconfigurationException(
+                f"DPCallback(on_late_mismatch={on_late_mismatch!r}) must be 'raise' or 'fallback'"
+            )
         self.engine = engine
+        self.on_late_mismatch = on_late_mismatch
         self.clipping = clipping
         self.max_grad_norm = float(max_grad_norm)
         self.noise_multiplier = noise_multiplier
@@ -142,6 +164,8 @@ class DPCallback(Callback):
         self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=poisson_sampling)
         self.ledger = PrivacyLedger()
         self.guard = PrivateStepGuard()
+        self.buffers = BufferWatch()
+        self._unguard_optimizer = None
         self.stop_reason: StopReason | None = None
         self._requested_noise = noise_multiplier
         self._checkpoint_noise: float | None = None
@@ -150,6 +174,7 @@ class DPCallback(Callback):
         self._world_size = 1
         self._rank = 0
         self._zero_noise_steps = 0
+        self._unbounded_steps = 0
 
     # ----------------------------------------------------------------------------------------------- lifecycle
     @override
@@ -163,7 +188,13 @@ class DPCallback(Callback):
         self.loaders.attach(trainer, pl_module)
         guard_single_optimizer(pl_module)
         self._clipper, choice = build_clipper(
-            self.engine, pl_module, "per_example_loss", self.max_grad_norm, self.max_physical_batch_size, self.clipping
+            self.engine,
+            pl_module,
+            "per_example_loss",
+            self.max_grad_norm,
+            self.max_physical_batch_size,
+            self.clipping,
+            on_late_mismatch=self.on_late_mismatch,
         )
         rank_zero_info(f"DPCallback: per-example clipping engine: {choice}")
 
@@ -184,6 +215,8 @@ class DPCallback(Callback):
         self.loaders.check_train_loader(trainer.train_dataloader, self._world_size)
         self.delta = resolve_delta(self.delta, self.loaders.num_examples)
         self._plan(trainer)
+        optimizer = check_optimizer(trainer)
+        self._unguard_optimizer = guard_optimizer_step(optimizer, partial(self._verify_step, trainer, optimizer))
         pl_module.private_step = self.private_step
         rank_zero_info(
             f"DPCallback: noise_multiplier={self.noise_multiplier:.4f}, max_grad_norm={self.max_grad_norm}, "
@@ -195,16 +228,23 @@ class DPCallback(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         check_accumulation(trainer)
         self.guard.reset()
+        self.buffers.snapshot(pl_module)
 
-    @override
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+    def _verify_step(self, trainer: L.Trainer, optimizer: Any) -> None:
+        """Run inside the optimizer's step, after its closure: the private gradient and unchanged buffers."""
         reduce = None
         if self._world_size > 1:
             reduce = partial(trainer.strategy.reduce, reduce_op="mean")
-        self.guard.verify(self._clipper.trainable_parameters(), reduce)
+        self.buffers.verify()
+        self.guard.verify_optimizer(optimizer, self._clipper.trainable_parameters(), reduce)
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.guard.pending:
+            raise PrivateStepBypassed(
+                "DPCallback: a private step ran but the optimizer step that followed was not the guarded one (the "
+                "optimizer was replaced during fit, or stepped outside Lightning's loop); its update was not verified"
+            )
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
             trainer.should_stop = True
             trainer.fit_loop.min_epochs = None  # a privacy limit overrides min_epochs / min_steps
@@ -215,6 +255,10 @@ class DPCallback(Callback):
                     f"DPCallback: stopping: {self.stop_reason.value} (spent {self.epsilon():.4f} of "
                     f"{self._limit():.4f} after {self.ledger.steps} steps; min_epochs / min_steps no longer apply)"
                 )
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.buffers.restore()  # a step stopped midway leaves no buffer written from its private batch
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -238,6 +282,9 @@ class DPCallback(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             pl_module.private_step = None
+            if self._unguard_optimizer is not None:
+                self._unguard_optimizer()
+                self._unguard_optimizer = None
             self.loaders.detach()
             release_optimizer_guard(pl_module)
 
@@ -255,7 +302,9 @@ class DPCallback(Callback):
         params = self._clipper.trainable_parameters()
         for p in params.values():  # Lightning zeroes them before the backward anyway; freed now, they never coexist
             p.grad = None  # with this step's activations and clipped sum
+        unbounded = self._clipper.unbounded_calls
         clipped = self._clipper(inputs)
+        self._count_unbounded(self._clipper.unbounded_calls - unbounded)
         private = self._add_noise(clipped.grads)
         self.guard.record(private)
         if self.noise_multiplier > 0:
@@ -263,6 +312,14 @@ class DPCallback(Callback):
         else:
             self._zero_noise_steps += 1
         return gradient_surrogate(params, private)
+
+    def _count_unbounded(self, steps: int) -> None:
+        if steps:
+            self._unbounded_steps += steps
+            rank_zero_warn(
+                f"DPCallback: {steps} released steps were found, at a later check, to have no bounded sensitivity "
+                "(on_late_mismatch='fallback'): epsilon is infinite from now on; the run goes on with engine='vmap'"
+            )
 
     def _add_noise(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
         """``(sum + N(0, (sigma C)^2)) * scale`` per parameter, in place; the noise is drawn on rank 0 only."""
@@ -274,8 +331,9 @@ class DPCallback(Callback):
 
     # ------------------------------------------------------------------------------------------- accounting
     def epsilon(self, delta: float | None = None) -> float:
-        """Epsilon spent so far at ``delta`` (default: the callback's delta); ``inf`` after any noiseless step."""
-        if self._zero_noise_steps:
+        """Epsilon spent so far at ``delta`` (default: the callback's delta); ``inf`` after any noiseless step or any
+        step found to have unbounded sensitivity."""
+        if self._zero_noise_steps or self._unbounded_steps:
             return math.inf
         return self.ledger.epsilon(delta or self.delta, self.accountant)
 
@@ -313,6 +371,7 @@ class DPCallback(Callback):
         return {
             "ledger": self.ledger.state_dict(),
             "zero_noise_steps": self._zero_noise_steps,
+            "unbounded_steps": self._unbounded_steps,
             "noise_multiplier": self.noise_multiplier,
             "max_grad_norm": self.max_grad_norm,
             "sample_rate": self.loaders.sample_rate,
@@ -331,6 +390,7 @@ class DPCallback(Callback):
                 )
         self.ledger.load_state_dict(state_dict["ledger"])
         self._zero_noise_steps = state_dict["zero_noise_steps"]
+        self._unbounded_steps = state_dict.get("unbounded_steps", 0)
         self._checkpoint_noise = state_dict["noise_multiplier"]
         self.delta = self.delta if self.delta is not None else state_dict["delta"]
         self.randomness.load_state_dict(state_dict.get("randomness", {}))

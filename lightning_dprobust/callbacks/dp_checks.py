@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lightning as L
+import torch
 from lightning.pytorch.core.optimizer import _configure_optimizers
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -62,6 +63,19 @@ def check_trainer(trainer: L.Trainer, poisson_sampling: bool) -> None:
             "DPCallback: under DDP the callback shards its own Poisson batches; set "
             "Trainer(use_distributed_sampler=False)"
         )
+
+
+def check_optimizer(trainer: L.Trainer) -> torch.optim.Optimizer:
+    """The one optimizer, if it evaluates its closure once per step: ``LBFGS`` re-evaluates the loss several times per
+    step, each a private release on the same sampled batch (refused here; any other optimizer that does so is stopped
+    at its second call by :func:`~lightning_dprobust.callbacks.dp_guard.guard_optimizer_step`)."""
+    (optimizer,) = trainer.optimizers
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise MisconfigurationException(
+            "DPCallback: torch.optim.LBFGS evaluates the loss several times per step, and each evaluation would be a "
+            "private release on the same sampled batch; use an optimizer that evaluates it once (SGD, Adam, AdamW)"
+        )
+    return optimizer
 
 
 def guard_single_optimizer(pl_module: L.LightningModule) -> None:

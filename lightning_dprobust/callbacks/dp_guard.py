@@ -1,8 +1,16 @@
-"""Checks, at each optimizer step, that the gradient about to be applied is exactly the private one."""
+"""Checks, at each optimizer step, that the gradient about to be applied is exactly the private one.
+
+The check runs inside the optimizer's ``step`` itself (:func:`guard_optimizer_step`), after the closure that Lightning
+hands it has returned: that closure runs the training step, the backward, every ``on_before_optimizer_step`` hook
+(callbacks and module) and ``configure_gradient_clipping``, and the precision plugin's wrapping, so nothing that can
+touch ``.grad`` before the update runs after the check. It covers every tensor in ``optimizer.param_groups``, not only
+the module's trainable parameters (design document, contract 10).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -13,6 +21,11 @@ Reduce = Callable[[Tensor], Tensor]
 
 class PrivateStepBypassed(RuntimeError):
     """The optimizer was about to apply a gradient that ``DPCallback.private_step`` did not produce."""
+
+
+class ClosureReplayed(PrivateStepBypassed):
+    """The optimizer called its closure a second time in one step (LBFGS, line searches): each call would be another
+    private release on the same sampled batch, which the accountant does not count."""
 
 
 class PrivateStepGuard:
@@ -26,8 +39,8 @@ class PrivateStepGuard:
         to it, or calls it twice is therefore stopped before its gradient reaches the parameters.
 
     Assumptions:
-        Nothing changes ``.grad`` after ``on_before_optimizer_step`` (Lightning's gradient clipping, which would, is
-        refused by ``DPCallback``).
+        :meth:`verify` runs where nothing can change ``.grad`` before the update: inside the optimizer's step, after its
+        closure (:func:`guard_optimizer_step`).
     """
 
     def __init__(self) -> None:
@@ -42,6 +55,29 @@ class PrivateStepGuard:
         """Register the private gradient ``name -> tensor`` of one private step."""
         self._expected = expected
         self._count += 1
+
+    @property
+    def pending(self) -> bool:
+        """Whether a private step was recorded and no optimizer step has verified it yet."""
+        return self._count > 0
+
+    def verify_optimizer(
+        self, optimizer: torch.optim.Optimizer, parameters: Mapping[str, Tensor], reduce: Reduce | None = None
+    ) -> None:
+        """:meth:`verify` for the step ``optimizer`` is about to take: every tensor in its ``param_groups`` must be
+        one of ``parameters`` (the private step's, ``name -> tensor``) or a frozen tensor with no gradient, which
+        optimizers skip; anything else (a ``requires_grad`` buffer, another module's parameter) would be updated
+        outside the private step, and stops the run."""
+        covered = {id(p) for p in parameters.values()}
+        for tensor in _optimized_tensors(optimizer):
+            if id(tensor) not in covered and (tensor.requires_grad or tensor.grad is not None):
+                self.reset()
+                raise PrivateStepBypassed(
+                    f"DPCallback: the optimizer updates a tensor of shape {tuple(tensor.shape)} that is not a "
+                    "trainable parameter of the module, so the private step does not cover it (its gradient would be "
+                    "applied without clipping or noise); optimize only `self.parameters()` of the LightningModule"
+                )
+        self.verify(parameters, reduce)
 
     def verify(self, parameters: Mapping[str, Tensor], reduce: Reduce | None = None) -> None:
         """Raise :class:`PrivateStepBypassed` unless ``parameters``' gradients are exactly the recorded ones."""
@@ -78,6 +114,48 @@ class PrivateStepGuard:
             )
 
 
+def guard_optimizer_step(optimizer: torch.optim.Optimizer, verify: Callable[[], None]) -> Callable[[], None]:
+    """Make ``optimizer.step(closure)`` call ``verify()`` right after its closure returns, before the update; returns
+    the function that removes the wrapper.
+
+    A second call of the closure within one step raises :class:`ClosureReplayed` before it runs (so before it
+    releases anything): optimizers that re-evaluate the loss (``torch.optim.LBFGS``) would make several private
+    releases on one sampled batch. A step without a closure raises :class:`PrivateStepBypassed` (Lightning's
+    automatic optimization always passes one)."""
+    original = optimizer.step
+
+    def step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        if closure is None:
+            raise PrivateStepBypassed(
+                "DPCallback: optimizer.step() was called without a closure, outside Lightning's automatic "
+                "optimization, so the private gradient cannot be verified before the update"
+            )
+        calls = 0
+
+        def verified_closure() -> Any:
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                raise ClosureReplayed(
+                    f"DPCallback: {type(optimizer).__name__} called its closure a second time in one step; every "
+                    "call is a private release on the same batch, which the accountant would count as a new batch. "
+                    "Use an optimizer that evaluates the loss once per step (SGD, Adam, AdamW, ...)"
+                )
+            result = closure()
+            verify()
+            return result
+
+        return original(closure=verified_closure, **kwargs)
+
+    optimizer.step = step
+
+    def remove() -> None:
+        if vars(optimizer).get("step") is step:
+            del optimizer.step
+
+    return remove
+
+
 def gradient_surrogate(parameters: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> Tensor:
     """The loss ``sum_p <p, g_p>`` (``g_p = gradients[name]``, detached): its backward gives each parameter
     ``parameters[name]`` the gradient ``g_p`` times the incoming gradient (``loss.backward()``: 1, so ``.grad`` is
@@ -92,5 +170,77 @@ def gradient_surrogate(parameters: Mapping[str, Tensor], gradients: Mapping[str,
     return sum((parameters[name] * grad).sum() for name, grad in gradients.items())
 
 
+def _optimized_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Tensor]:
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+
 def _grad(parameter: Tensor) -> Tensor:
     return parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+
+
+class BuffersWritten(PrivateStepBypassed):
+    """A buffer of the module changed during a training step: a value computed from private examples (running
+    statistics) that no clipping or noise covers, released with the ``state_dict``."""
+
+
+class BufferWatch:
+    """Holds the module's buffers as they were at the start of a training step, to verify that the step changed none.
+
+    Guarantee:
+        :meth:`verify` passes only if every buffer is the same tensor, of the same shape, holding the same values, as
+        at :meth:`snapshot` (compared by value, so writes through ``.data`` count too), and no buffer was added or
+        removed. On failure the snapshot's values are written back before the error is raised (:meth:`restore`), so a
+        checkpoint saved afterwards does not hold them.
+
+    Cost: one copy of the buffers per step; models trained privately rarely hold more than a normalization's constants.
+    """
+
+    def __init__(self) -> None:
+        self._module: torch.nn.Module | None = None
+        self._saved: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def snapshot(self, module: torch.nn.Module) -> None:
+        self._module = module
+        self._saved = {name: (buffer, buffer.detach().clone()) for name, buffer in module.named_buffers()}
+
+    def changed(self) -> list[str]:
+        """Names of the buffers that differ from the snapshot (added and removed ones included)."""
+        if self._module is None:
+            return []
+        now = dict(self._module.named_buffers())
+        names = sorted(now.keys() ^ self._saved.keys())
+        for name, (buffer, values) in self._saved.items():
+            current = now.get(name)
+            if current is not None and not (
+                current is buffer and current.shape == values.shape and torch.equal(current, values)
+            ):
+                names.append(name)
+        return names
+
+    def verify(self) -> None:
+        names = self.changed()
+        if names:
+            self.restore()
+            raise BuffersWritten(
+                f"DPCallback: the training step changed the buffers {names[:5]} of the module (e.g. running "
+                "statistics of F.batch_norm or a custom layer): their values come from the private batch without "
+                "clipping or noise and would be released with the weights. Use a layer without running statistics "
+                "(GroupNorm, LayerNorm, or track_running_stats=False)"
+            )
+
+    def restore(self) -> None:
+        """Write the snapshot's values back into the buffers still held by the module."""
+        if self._module is None:
+            return
+        now = dict(self._module.named_buffers())
+        for name, (buffer, values) in self._saved.items():
+            if now.get(name) is not buffer:
+                path, _, attr = name.rpartition(".")
+                owner = self._module.get_submodule(path)
+                if attr in owner._buffers:
+                    owner._buffers[attr] = buffer
+                else:
+                    owner.register_buffer(attr, buffer)
+            buffer.data = values  # the snapshot's own copy, whatever the buffer's shape became
+        self._saved = {name: (buffer, buffer.detach().clone()) for name, (buffer, _) in self._saved.items()}

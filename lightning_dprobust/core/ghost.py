@@ -32,16 +32,21 @@ Assumptions, checked where possible:
     * no layer mixes examples (as for the vmap engine; BatchNorm is refused by ``DPCallback``);
     * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
     The first call of two examples or more compares this engine's per-example norms, and each rule's share of them,
-    with the vmap engine's on a few examples (in eval mode, so that dropout cannot differ) and refuses to continue (or
-    falls back to vmap) on a mismatch; a capture made on the graph that fails goes to the vmap engine. The check runs
-    again every :data:`CHECK_EVERY` calls: a per-example loss that starts to mix examples after the first step (a
-    term on the batch's mean logits, switched on at some epoch) is found there, and that step's result is the vmap
-    engine's or an error, but the steps between two checks are not compared (use ``engine='vmap'``, which computes
-    each example's loss alone, for losses that change during training). A later step
-    whose forward first calls a layer, or adds a capture (a spread call, ``F.linear`` products), is checked so before
-    its result is returned (a layer on a table of 5 rows all examples share, first called in a batch of 5, passes for
-    the examples' rows and its norms were 3 % off); the check sees only what the eval-mode forward of its examples
-    uses, and a warning names the layers that only the training-mode forward calls. A linear or
+    with the vmap engine's on a few examples, **in the mode the model trains in** (training mode: a parameter-free
+    batch standardization, ``F.batch_norm`` on batch statistics, any layer that mixes examples only while training is
+    compared), with the stochastic layers that act on each value alone (dropout, drop-path) switched off in both
+    engines so that their draws cannot differ; any other training-mode randomness makes the check fail, which is the
+    safe side. It refuses to continue (or falls back to vmap, under ``auto``) on a mismatch; a capture made on the
+    graph that fails goes to the vmap engine. The check runs again every :data:`CHECK_EVERY` calls: a per-example
+    loss that starts to mix examples after the first step (a term on the batch's mean logits, switched on at some
+    epoch) is found there. Such a **late** mismatch (ghost results were released since the last passing check) stops
+    the run whatever ``on_mismatch`` says (``on_late_mismatch="raise"``): the steps since the last passing check had
+    no bounded sensitivity, so no epsilon covers them. ``on_late_mismatch="fallback"`` goes on with the vmap engine
+    and counts those steps in :attr:`GhostClipper.unbounded_calls` (``DPCallback`` then reports epsilon = inf). A
+    later step whose forward first calls a layer, or adds a capture (a spread call, ``F.linear`` products), is
+    checked so before its result is returned (a layer on a table of 5 rows all examples share, first called in a
+    batch of 5, passes for the examples' rows and its norms were 3 % off); a warning names the layers that the
+    training steps call but the check's forward on its few examples did not. A linear or
     convolution layer applied to a tensor the batch shares, then repeated per example, is captured at the repeat; a
     layer whose calls' rows are not a multiple of the examples otherwise goes to vmap.
 A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its own
@@ -123,11 +128,17 @@ UNVERIFIED = (
 )
 
 
-TRAINING_ONLY = (
-    "ghost engine: the layers of %s are called in training mode only; the check against the vmap engine runs in eval "
-    "mode (so that dropout cannot differ) and cannot compare them: their norms rest on the structural checks alone "
-    "(rows a multiple of the examples, the graph check). Use engine='vmap' if their inputs' rows may not be laid out "
-    "by example"
+UNSEEN_BY_CHECK = (
+    "ghost engine: the layers of %s are called by the training steps but not by the check's forward on its few "
+    "examples (control flow that depends on the batch), so the check against the vmap engine cannot compare them: "
+    "their norms rest on the structural checks alone (rows a multiple of the examples, the graph check). Use "
+    "engine='vmap' if they may mix examples"
+)
+
+LATE_MISMATCH = (
+    "ghost engine: a check against the vmap engine failed after {steps} steps whose results were released unchecked "
+    "since the last passing check: a layer or a loss term started to mix examples (or to lay out rows otherwise than "
+    "by example), so those steps had no bounded sensitivity and the run's epsilon no longer holds"
 )
 
 
@@ -163,6 +174,12 @@ def _naming(rule: LayerRule, hook):
             raise
 
     return run
+
+
+def _acts_per_value(module: nn.Module) -> bool:
+    """Whether ``module`` is a stochastic layer that draws for each value alone (dropout, drop-path): switched off
+    in both engines during the check, it cannot make them differ, and it cannot mix examples."""
+    return (isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0) or getattr(module, "drop_prob", 0) > 0
 
 
 class EngineMismatch(RuntimeError):
@@ -254,7 +271,11 @@ class GhostClipper:
 
     Args:
         on_mismatch: ``"raise"`` (default) raises :class:`EngineMismatch` when a check against the vmap engine
-            fails; ``"fallback"`` logs a warning and uses the vmap engine from then on.
+            fails; ``"fallback"`` logs a warning and uses the vmap engine from then on. Applies to a check before which
+            no ghost result was released (the first one, and one that follows a fallback's reset).
+        on_late_mismatch: a check that fails after ghost results were released since the last passing one:
+            ``"raise"`` (default) raises :class:`EngineMismatch`, whatever ``on_mismatch`` says; ``"fallback"`` uses
+            the vmap engine from then on and adds the unchecked steps to :attr:`unbounded_calls`.
         check_every: run the check against the vmap engine again every this many calls of two examples or more
             (:data:`CHECK_EVERY`); ``None``: only at the first such call and at steps that add layers or captures.
         parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
@@ -286,15 +307,22 @@ class GhostClipper:
         on_mismatch: str = "raise",
         parameter_names: Collection[str] | None = None,
         check_every: int | None = CHECK_EVERY,
+        on_late_mismatch: str = "raise",
     ) -> None:
-        if on_mismatch not in ("raise", "fallback"):
-            raise ValueError(f"on_mismatch must be 'raise' or 'fallback', got {on_mismatch!r}")
+        for name, value in (("on_mismatch", on_mismatch), ("on_late_mismatch", on_late_mismatch)):
+            if value not in ("raise", "fallback"):
+                raise ValueError(f"{name} must be 'raise' or 'fallback', got {value!r}")
         if check_every is not None and (
             isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1
         ):
             raise ValueError(f"check_every must be a positive int or None, got {check_every!r}")
         self.check_every = check_every
+        self.on_late_mismatch = on_late_mismatch
         self._calls_since_check = 0
+        self.unbounded_calls = 0
+        """Calls whose ghost results were released and then found, at a later check, not to be comparable with the
+        vmap engine's (``on_late_mismatch="fallback"`` only): their sensitivity is unbounded."""
+        self._released_unchecked = 0  # ghost results returned since the last passing check
         self.reference = PerExampleClipper(
             module, loss_method, max_grad_norm, max_physical_batch_size, clipping, parameter_names=parameter_names
         )
@@ -324,6 +352,7 @@ class GhostClipper:
         self._use_reference = self._use_reference or (self.on_mismatch == "fallback" and bool(self.fallback_names))
         self._verified = False
         self._unchecked: list[str] = []  # what a step after the check added, checked at that step's end
+        self._added_names: set[str] = set()  # the parameters of those additions, until a check compares them
         self._used: set[int] = set()  # the rules that have had calls
         self._seen_by_check: set[int] = set()  # the rules that have had calls in a check's forward
         self._delegated: set[int] = set()  # modules whose parameters were handed to an ancestor's re-run, or tried
@@ -483,7 +512,10 @@ class GhostClipper:
             norms.append(part_norms)
             losses.append(part_losses)
         result = ClippedSum(self._complete(sums, trainable), torch.cat(norms), torch.cat(losses))
-        return self._checked_again(batch, result) if self._unchecked else result
+        if self._unchecked:
+            return self._checked_again(batch, result)
+        self._released_unchecked += 1
+        return result
 
     def _check_due(self) -> bool:
         """Counts this call (of two examples or more); whether the periodic check against the vmap engine is due
@@ -491,11 +523,14 @@ class GhostClipper:
         self._calls_since_check += 1
         return self.check_every is not None and self._calls_since_check >= self.check_every
 
-    def _added_after_check(self, what: str) -> None:
-        """Note that this step's forward added ``what`` (a rule or capture) after the first-step check, which never
-        compared it with the vmap engine (a module that reads a table through a method only from some step on)."""
+    def _added_after_check(self, what: str, names: Collection[str]) -> None:
+        """Note that this step's forward added ``what`` (a rule or capture of the parameters ``names``) after the
+        first-step check, which never compared it with the vmap engine (a module that reads a table through a method
+        only from some step on). Until a check has compared them, their results were never released, so a mismatch
+        in them alone is not late (:meth:`_verify`)."""
         if self._verified:
             self._unchecked.append(what)
+            self._added_names |= set(names)
 
     def _checked_again(self, batch: tuple[Tensor, ...], result: ClippedSum) -> ClippedSum:
         """``result``, of a step that added rules or captures after the first-step check, once those have passed the
@@ -509,6 +544,7 @@ class GhostClipper:
         choices = (self._use_reference, list(self.fallback_names), [id(rule) for rule in self.rules])
         self._verify(batch)
         if choices == (self._use_reference, self.fallback_names, [id(rule) for rule in self.rules]):
+            self._released_unchecked += 1
             return result
         return self._clipped_sum(batch)
 
@@ -609,7 +645,10 @@ class GhostClipper:
         first = [rule for rule in self.rules if rule.calls and id(rule) not in self._used]
         if first:
             self._used |= {id(rule) for rule in first}
-            self._added_after_check(f"the first calls of the layers of {[rule.path for rule in first]}")
+            self._added_after_check(
+                f"the first calls of the layers of {[rule.path for rule in first]}",
+                [name for rule in first for name in rule.names.values()],
+            )
         streamed = streamed_rules(self.rules, examples)
         chosen = {id(rule) for rule in streamed}
         calls = [call for rule in self.rules if id(rule) not in chosen for call in rule.calls]
@@ -641,7 +680,9 @@ class GhostClipper:
             rule = shared[id(call)]
             if id(call) in spread:
                 if rows[id(call)] not in self._shared_rows.get(id(rule), ()):
-                    self._added_after_check(f"{sorted(rule.names.values())} spread over a repeat of {rows[id(call)]}")
+                    self._added_after_check(
+                        f"{sorted(rule.names.values())} spread over a repeat of {rows[id(call)]}", rule.names.values()
+                    )
                 self._shared_rows.setdefault(id(rule), set()).add(rows[id(call)])
                 self._spread[id(rule)] = rule
         return {id(shared[id(call)]) for call in calls if id(call) not in spread}
@@ -671,7 +712,8 @@ class GhostClipper:
         if not functional:
             return stray
         self._functional = self._functional + functional
-        self._added_after_check(f"captures of F.linear with {[name for r in functional for name in r.names.values()]}")
+        names = [name for rule in functional for name in rule.names.values()]
+        self._added_after_check(f"captures of F.linear with {names}", names)
         capture_on_graph(losses, [], functional)
         return stray_rules(losses, self.rules)
 
@@ -705,7 +747,8 @@ class GhostClipper:
                 handle.remove()
 
     def _verify(self, batch: tuple[Tensor, ...]) -> None:
-        """Compare this engine's norms with the vmap engine's on the first examples (eval mode).
+        """Compare this engine's norms with the vmap engine's on the first examples, in the model's own modes
+        (training mode in a training step), with dropout and drop-path off (:func:`_acts_per_value`).
 
         The check runs with oneDNN off: its batches of 3 and of 1 example would otherwise compile and cache oneDNN
         kernels for shapes the training steps never use (on ``cnn_tanh`` at batch 64, 3 MB that stayed allocated,
@@ -719,11 +762,16 @@ class GhostClipper:
         mismatch: the float64 copies hold the parameters' memory twice over, which a float64 check at every first
         step would add (ResNet-18's first step: 162 MB against the non-private step's 68). A model that cannot run in
         float64 keeps the float32 result.
+
+        A mismatch after ghost results were released unchecked is late (:meth:`_late_mismatch`), unless it lies only
+        in the parameters of rules and captures added since the last check (never released): those are handled as at
+        the first check.
         """
         part = tuple(t[:VERIFY_EXAMPLES] for t in batch)
         self._calls_since_check = 0
-        modes = {m: m.training for m in self.module.modules()}
-        self.module.eval()
+        stochastic = [m for m in self.module.modules() if m.training and _acts_per_value(m)]
+        for m in stochastic:
+            m.eval()
         try:
             with float32_products():
                 checked = self._checked(part)
@@ -733,16 +781,29 @@ class GhostClipper:
                             checked = self._checked(wide)
                     except Exception as error:  # e.g. no float64 on the device: the float32 mismatch stands
                         log.info("ghost engine: the first-step mismatch could not be checked in float64 (%s)", error)
+        except RuntimeError as error:
+            raise EngineMismatch(
+                "ghost engine: the vmap engine cannot compute this model's per-example gradients in the mode it trains "
+                f"in ({type(error).__name__}: {str(error).splitlines()[0][:200]}), so the check cannot compare the "
+                "engines: a layer that updates state in its forward (F.batch_norm with running statistics) or mixes "
+                "examples cannot be trained privately; use a per-example layer (GroupNorm, LayerNorm)"
+            ) from error
         finally:
-            for m, training in modes.items():
-                m.train(training)
+            for m in stochastic:
+                m.train(True)
         self._verified = True
         unseen = [rule for rule in self.rules if id(rule) in self._used and id(rule) not in self._seen_by_check]
         if unseen:
-            log.warning(TRAINING_ONLY, [rule.path for rule in unseen])
+            log.warning(UNSEEN_BY_CHECK, [rule.path for rule in unseen])
             self._seen_by_check |= {id(rule) for rule in unseen}  # warned once
         agrees, differing = checked
+        released, self._released_unchecked = self._released_unchecked, 0
+        added, self._added_names = self._added_names, set()
         if agrees:
+            return
+        fresh = not released or (bool(differing) and all(set(names) <= added for names in differing))
+        if not fresh:
+            self._late_mismatch(released, differing)
             return
         captured = self._captured_on_graph()
         if differing and all(set(names) <= captured.keys() for names in differing):
@@ -759,6 +820,19 @@ class GhostClipper:
         if self.on_mismatch == "raise":
             raise EngineMismatch(message + "; use engine='vmap'")
         log.warning("%s; using the vmap engine", message)
+        self._use_reference = True
+
+    def _late_mismatch(self, released: int, differing: list[list[str]]) -> None:
+        """A failed check after ``released`` ghost results went out unchecked: stop (default), or go on with the vmap
+        engine and count those calls as unbounded (``on_late_mismatch="fallback"``)."""
+        message = LATE_MISMATCH.format(steps=released) + f" (the rules of {differing[:3]} among those that differ)"
+        if self.on_late_mismatch == "raise":
+            raise EngineMismatch(
+                message + ". The run stops; train with engine='vmap' (each example's loss computed alone), or pass "
+                "DPCallback(on_late_mismatch='fallback') to go on with epsilon reported as infinite"
+            )
+        log.warning("%s; using the vmap engine from now on, and counting those steps as unbounded", message)
+        self.unbounded_calls += released
         self._use_reference = True
 
     def _checked(self, part: tuple[Tensor, ...]) -> tuple[bool, list[list[str]]]:

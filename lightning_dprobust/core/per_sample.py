@@ -138,6 +138,10 @@ class PerExampleClipper:
         ``DPCallback``). Randomness inside the loss (dropout) is drawn independently per example.
     """
 
+    unbounded_calls = 0
+    """Calls whose sensitivity is unbounded: never any here (each example's loss is computed alone); the ghost
+    engine's count of the same name is not always 0."""
+
     def __init__(
         self,
         module: nn.Module,

@@ -49,15 +49,38 @@ def test_a_loss_that_starts_to_mix_examples_is_refused_at_the_next_check(module)
     between = ghost(_batch()).norms  # the calls between two checks are not compared (the documented limit)
     assert not torch.allclose(between, separate, rtol=1e-3)
     ghost(_batch())
-    with pytest.raises(EngineMismatch, match="a loss term mixes examples"):
+    with pytest.raises(EngineMismatch, match="failed after 3 steps whose results were released unchecked"):
         ghost(_batch())
 
 
-def test_under_fallback_the_checked_step_and_the_later_ones_are_the_vmap_engines(module):
+def test_a_late_mismatch_stops_even_where_the_first_check_may_fall_back(module):
+    """``auto``'s ``on_mismatch="fallback"`` covers a check before which nothing was released; a later one found the
+    released steps unbounded, so it stops by default."""
     ghost = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="fallback", check_every=2)
     ghost(_batch())
     module.mixing = True
-    ghost(_batch(seed=4))
+    ghost(_batch(seed=4))  # not due: released unchecked
+    with pytest.raises(EngineMismatch, match="the run's epsilon no longer holds"):
+        ghost(_batch(seed=5))
+    assert ghost.unbounded_calls == 0
+
+
+def test_a_first_check_mismatch_under_fallback_releases_nothing_unbounded(module):
+    module.mixing = True
+    ghost = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="fallback", check_every=2)
+    expected = PerExampleClipper(module, "per_example_loss", 1.0)(_batch())
+    torch.testing.assert_close(ghost(_batch()).norms, expected.norms, rtol=1e-10, atol=1e-12)
+    assert ghost.unbounded_calls == 0
+
+
+def test_under_late_fallback_the_unchecked_steps_are_counted_and_the_later_ones_are_the_vmap_engines(module):
+    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=2, on_late_mismatch="fallback")
+    ghost(_batch())
+    module.mixing = True
+    ghost(_batch(seed=4))  # not due: released unchecked
+    ghost(_batch(seed=7))  # due: the check fails, this step is the vmap engine's
+    # the first call's result (checked before it, but counted from there) and the second's had no bounded sensitivity
+    assert ghost.unbounded_calls == 2
     for seed in (5, 6):
         expected = PerExampleClipper(module, "per_example_loss", 1.0)(_batch(seed=seed))
         actual = ghost(_batch(seed=seed))
@@ -100,7 +123,7 @@ def test_a_mismatch_reports_no_per_example_norm(module, caplog):
     """The norms are computed from private examples before clipping; the error and the log are released, so they
     name the rules that differ but carry no norm value."""
     raising = GhostClipper(module, "per_example_loss", 1.0, check_every=1)
-    falling_back = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="fallback", check_every=1)
+    falling_back = GhostClipper(module, "per_example_loss", 1.0, check_every=1, on_late_mismatch="fallback")
     raising(_batch())
     falling_back(_batch())
     module.mixing = True

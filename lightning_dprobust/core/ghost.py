@@ -102,13 +102,18 @@ from lightning_dprobust.core.per_sample import (
 log = logging.getLogger(__name__)
 
 VERIFY_EXAMPLES = 3
-"""Examples of the first batch on which the ghost norms are checked against the vmap engine."""
+"""Examples of a checked batch whose ghost norms, from the whole batch's pass, are compared with the vmap engine's
+(:func:`check_rows`)."""
 CHECK_EVERY = 100
 """The check against the vmap engine runs again at every this many-th call of two examples or more, so that a
 per-example loss that starts to mix examples after the first step is found: the graph check sees which parameters a
 path reaches, not which examples' rows it mixes. At batch 64 one check costs about one step on one CPU thread
 (``cnn_tanh`` 6.1 ms against a 4.8 ms step, timm ResNet-18 167 ms against 151 ms), about 1 % of the training time at
 this interval."""
+PROBE_EXAMPLES = 2
+"""Examples whose losses, computed alone, are compared at every step with their losses in the step's batch
+(:meth:`GhostClipper._probe_mixes`)."""
+_PROBE_RTOL, _PROBE_ATOL = 1e-4, 1e-6
 _VERIFY_RTOL = 1e-3
 _VERIFY_SHARE = 1e-5
 """Each rule's squared norms are checked too, to ``2 _VERIFY_RTOL`` relative and this fraction of the example's total
@@ -176,10 +181,37 @@ def _naming(rule: LayerRule, hook):
     return run
 
 
+def check_rows(batch: tuple[Tensor, ...], count: int) -> Tensor:
+    """Indices of ``min(count, B)`` examples of ``batch`` chosen far apart: the first, then each time the example
+    farthest (in squared L2 over every tensor of the batch) from those chosen, then, where the rest are copies of those,
+    the first others. An adversarial batch of copies of one example and one canary has the canary among them."""
+    size = batch[0].shape[0]
+    chosen = [0]
+    distance = _distance_to(batch, 0)
+    while len(chosen) < min(count, size):
+        row = int(distance.argmax())
+        if distance[row] <= 0:
+            break
+        chosen.append(row)
+        distance = torch.minimum(distance, _distance_to(batch, row))
+    chosen += [row for row in range(size) if row not in chosen][: min(count, size) - len(chosen)]
+    return torch.tensor(sorted(chosen), device=batch[0].device)
+
+
+def _distance_to(batch: tuple[Tensor, ...], row: int) -> Tensor:
+    """``[B]``: each example's squared L2 distance to example ``row``, over every tensor of the batch."""
+    size = batch[0].shape[0]
+    return sum((t.reshape(size, -1).float() - t[row].reshape(1, -1).float()).square().sum(dim=1) for t in batch)
+
+
 def _acts_per_value(module: nn.Module) -> bool:
     """Whether ``module`` is a stochastic layer that draws for each value alone (dropout, drop-path): switched off
     in both engines during the check, it cannot make them differ, and it cannot mix examples."""
     return (isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0) or getattr(module, "drop_prob", 0) > 0
+
+
+Passes = list[tuple[Tensor, dict[tuple[str, ...], Tensor]]]
+"""A check's passes of this engine: ``(norms, squared norms per rule)`` at the checked examples."""
 
 
 class EngineMismatch(RuntimeError):
@@ -278,6 +310,12 @@ class GhostClipper:
             the vmap engine from then on and adds the unchecked steps to :attr:`unbounded_calls`.
         check_every: run the check against the vmap engine again every this many calls of two examples or more
             (:data:`CHECK_EVERY`); ``None``: only at the first such call and at steps that add layers or captures.
+        probe: at every step of a model without dropout or drop-path, compute the losses of
+            :data:`PROBE_EXAMPLES` examples chosen far apart (:func:`check_rows`) alone, without gradients, and compare
+            them with their losses in the step's batch; a difference runs the full check on that step before its
+            result is returned. A loss term or layer that starts to mix examples' losses is so found at the step it
+            starts, not up to ``check_every`` steps later (a mixing that leaves every loss value unchanged and only
+            moves gradients still waits for the periodic check).
         parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
             argument of that name; layers owning none of them are not captured, gradients flow through them.
 
@@ -308,6 +346,7 @@ class GhostClipper:
         parameter_names: Collection[str] | None = None,
         check_every: int | None = CHECK_EVERY,
         on_late_mismatch: str = "raise",
+        probe: bool = True,
     ) -> None:
         for name, value in (("on_mismatch", on_mismatch), ("on_late_mismatch", on_late_mismatch)):
             if value not in ("raise", "fallback"):
@@ -318,6 +357,7 @@ class GhostClipper:
             raise ValueError(f"check_every must be a positive int or None, got {check_every!r}")
         self.check_every = check_every
         self.on_late_mismatch = on_late_mismatch
+        self.probe = probe
         self._calls_since_check = 0
         self.unbounded_calls = 0
         """Calls whose ghost results were released and then found, at a later check, not to be comparable with the
@@ -514,8 +554,24 @@ class GhostClipper:
         result = ClippedSum(self._complete(sums, trainable), torch.cat(norms), torch.cat(losses))
         if self._unchecked:
             return self._checked_again(batch, result)
+        if self._probe_mixes(batch, result.losses):
+            log.info("ghost engine: the per-step probe found losses that depend on the batch; checking this step")
+            self._verify(batch)
+            if self._use_reference:
+                return self.reference(batch)
         self._released_unchecked += 1
         return result
+
+    def _probe_mixes(self, batch: tuple[Tensor, ...], losses: Tensor) -> bool:
+        """Whether the losses of a few far-apart examples computed alone differ from theirs in ``batch`` (``losses``):
+        a loss term or layer mixing the examples. Off for models with dropout or drop-path, whose draws differ."""
+        if not self.probe or batch[0].shape[0] < 2 or is_stochastic(self.module):
+            return False
+        rows = check_rows(batch, PROBE_EXAMPLES)
+        loss = getattr(self.module, self.loss_method)
+        with torch.no_grad():
+            alone = torch.cat([loss(*(t[i : i + 1] for t in batch)) for i in rows.tolist()])
+        return not torch.allclose(alone, losses[rows].to(alone.dtype), rtol=_PROBE_RTOL, atol=_PROBE_ATOL)
 
     def _check_due(self) -> bool:
         """Counts this call (of two examples or more); whether the periodic check against the vmap engine is due
@@ -767,7 +823,7 @@ class GhostClipper:
         in the parameters of rules and captures added since the last check (never released): those are handled as at
         the first check.
         """
-        part = tuple(t[:VERIFY_EXAMPLES] for t in batch)
+        part = batch
         self._calls_since_check = 0
         stochastic = [m for m in self.module.modules() if m.training and _acts_per_value(m)]
         for m in stochastic:
@@ -840,26 +896,48 @@ class GhostClipper:
         (:meth:`_verify`)."""
         try:
             with _without_onednn():
-                ours, shares, reference = self._compared(part)
+                passes, reference = self._compared(part)
         except RuntimeError as error:
             log.info("ghost engine: the first-step check runs with oneDNN as set (%s)", error)
-            ours, shares, reference = self._compared(part)
+            passes, reference = self._compared(part)
         total = torch.stack(list(reference.values())).sum(dim=0)
-        differing = [
-            list(names)
-            for names, share in shares.items()
-            if not torch.allclose(
-                share, sum(reference[name] for name in names), rtol=2 * _VERIFY_RTOL, atol=_VERIFY_SHARE * total.max()
-            )
-        ]
-        agrees = torch.allclose(ours, total.sqrt(), rtol=_VERIFY_RTOL, atol=1e-7) and not differing
-        return agrees, differing
+        agrees, differing = True, []
+        for ours, shares in passes:
+            differing += [
+                list(names)
+                for names, share in shares.items()
+                if list(names) not in differing
+                and not torch.allclose(
+                    share,
+                    sum(reference[name] for name in names),
+                    rtol=2 * _VERIFY_RTOL,
+                    atol=_VERIFY_SHARE * total.max(),
+                )
+            ]
+            agrees = agrees and torch.allclose(ours, total.sqrt(), rtol=_VERIFY_RTOL, atol=1e-7)
+        return agrees and not differing, differing
 
-    def _compared(self, part: tuple[Tensor, ...]) -> tuple[Tensor, dict[tuple[str, ...], Tensor], dict[str, Tensor]]:
-        """This engine's norms of ``part`` and each rule's squared norms, and the vmap engine's squared norms."""
-        shares: dict[tuple[str, ...], Tensor] = {}
-        ours = self._clipped_part(part, shares)[0]
-        return ours, shares, self._reference_squares(part)
+    def _compared(self, batch: tuple[Tensor, ...]) -> tuple[Passes, dict[str, Tensor]]:
+        """At the examples :func:`check_rows` picks: this engine's norms and each rule's squared norms from two passes,
+        and the vmap engine's squared norms of each example alone. The passes:
+
+        * over the picked examples as a batch of their own: a batch size other than the step's shows a layer whose
+          rows only coincide with the examples' at that size (a table of 5 rows in a batch of 5);
+        * over the whole ``batch``, in the step's chunks: a layer or loss term that mixes the examples shows there
+          (a sub-batch of copies of one example looks separable whatever the other examples do)."""
+        rows = check_rows(batch, VERIFY_EXAMPLES)
+        picked = tuple(t[rows] for t in batch)
+        alone: dict[tuple[str, ...], Tensor] = {}
+        passes = [(self._clipped_part(picked, alone)[0], alone)]
+        chunk = self.max_physical_batch_size or batch[0].shape[0]
+        norms, shares = [], {}
+        for start in range(0, batch[0].shape[0], chunk):
+            part_shares: dict[tuple[str, ...], Tensor] = {}
+            norms.append(self._clipped_part(tuple(t[start : start + chunk] for t in batch), part_shares)[0])
+            for names, share in part_shares.items():
+                shares.setdefault(names, []).append(share)
+        passes.append((torch.cat(norms)[rows], {names: torch.cat(parts)[rows] for names, parts in shares.items()}))
+        return passes, self._reference_squares(picked)
 
     def _captured_on_graph(self) -> dict[str, LayerRule]:
         """Full name -> rule, for the parameters whose uses are captured on the graph (broadcast parameters, linear

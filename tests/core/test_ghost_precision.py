@@ -33,10 +33,10 @@ def flags() -> tuple[bool, bool, bool]:
 def test_autocast_is_off_in_every_call_tf32_in_the_products_and_the_flags_are_restored():
     """bf16 autocast and TF32 would round the norm's and the sum's factors differently. Autocast is off in every call;
     TF32 is off in the products that form the norms and the clipped sums (every rule's ``sq_norms`` and
-    ``clipped_sum``) and throughout the first step's check, while the training steps' forward and backward keep the
+    ``clipped_sum``) and throughout the first step's check (its passes over 3 examples and over the whole batch), while the training steps' forward and backward keep the
     caller's TF32 setting; all flags are restored after, also when the call raises."""
     module = build("cnn_tanh", (1, 8, 8))
-    ghost = GhostClipper(module, "per_example_loss", 1.0)
+    ghost = GhostClipper(module, "per_example_loss", 1.0, probe=False)  # the probe's forwards keep the caller's TF32
     forwards, products = [], []
     original = module.per_example_loss
 
@@ -59,8 +59,10 @@ def test_autocast_is_off_in_every_call_tf32_in_the_products_and_the_flags_are_re
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ghost(batch((1, 8, 8), size=5))
         ghost(batch((1, 8, 8), size=6))
-        checked = {f for size, f in forwards if size <= 3}  # the first step's check: 3 examples, then each alone
-        trained = {f for size, f in forwards if size > 3}
+        # the first step's check: 3 examples, the whole batch of 5, then each checked example alone; then the step
+        (first_check_pass_of_5,) = [i for i, (size, _) in enumerate(forwards) if size == 5][:1]
+        checked = {f for i, (size, f) in enumerate(forwards) if size <= 3 or i == first_check_pass_of_5}
+        trained = {f for i, (size, f) in enumerate(forwards) if size > 3 and i != first_check_pass_of_5}
         assert checked == {(False, False, False)} and trained == {(False, True, True)}
         assert products and set(products) == {(False, False, False)}
         assert flags() == (True, True, True)

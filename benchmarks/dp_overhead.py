@@ -117,6 +117,9 @@ CASES = {
 }
 DEFAULT_CASES = ("cnn_tanh/b64", "cnn_tanh/b256", "cnn_tanh/b1024", "resnet18/b64", "vit_tiny/b64")
 MODES = ("non-DP", "ghost", "vmap", "Opacus ew", "Opacus ghost")
+UNCHECKED = "ghost-no-probe"
+"""The ghost engine without its per-step probe (``GhostClipper(probe=False)``): the probe's cost is ghost's time over
+this mode's (``--modes non-DP ghost ghost-no-probe``)."""
 LIVE_STEPS = 2
 """Later steps of the live-memory worker (after its first, which does any one-time work)."""
 
@@ -174,6 +177,7 @@ def _live_worker(case: str, mode: str, device: str, steps: int, connection) -> N
 def _ours(module, mode: str, x, y):
     """One step of our DP-SGD: clipped sum, noise, average, SGD (``DPCallback.private_step``'s computation)."""
     from lightning_dprobust.core.engines import build_clipper
+    from lightning_dprobust.core.ghost import GhostClipper
     from lightning_dprobust.core.per_sample import add_noise_and_scale_
 
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
@@ -185,7 +189,10 @@ def _ours(module, mode: str, x, y):
             optimizer.step()
 
         return step
-    clipper, _ = build_clipper(mode, module, "per_example_loss", 1.0)
+    if mode == UNCHECKED:
+        clipper = GhostClipper(module, "per_example_loss", 1.0, probe=False)
+    else:
+        clipper, _ = build_clipper(mode, module, "per_example_loss", 1.0)
     params = clipper.trainable_parameters()
 
     def step() -> None:
@@ -368,7 +375,7 @@ def _ratio(value: float | str, reference: float | str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES))
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, UNCHECKED])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (ratio: median and min-max)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per mode and round (median taken)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -38,9 +38,10 @@ def build_clipper(
     clipping: str = "flat",
     parameter_names: Collection[str] | None = None,
     on_late_mismatch: str = "raise",
+    probe: bool = False,
 ) -> tuple[PerExampleClipper | GhostClipper, str]:
     """The clipper for ``engine`` and a one-line description of the choice (for the log); ``parameter_names``
-    restricts both engines to those trainable parameters (default: all); ``on_late_mismatch``: see
+    restricts both engines to those trainable parameters (default: all); ``on_late_mismatch`` and ``probe``: see
     :class:`~lightning_dprobust.core.ghost.GhostClipper`."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -49,13 +50,17 @@ def build_clipper(
         return PerExampleClipper(*args, parameter_names), "vmap (torch.func per-example gradients), as requested"
     if engine == "ghost":
         clipper = GhostClipper(
-            *args, on_mismatch="raise", parameter_names=parameter_names, on_late_mismatch=on_late_mismatch
+            *args,
+            on_mismatch="raise",
+            parameter_names=parameter_names,
+            on_late_mismatch=on_late_mismatch,
+            probe=probe,
         )
         return clipper, f"ghost ({clipper.describe()}), as requested"
     _, leftover = plan_rules(module, parameter_names)
     if leftover:
         return PerExampleClipper(*args, parameter_names), f"vmap (auto: no ghost rule for {leftover})"
     clipper = GhostClipper(
-        *args, on_mismatch="fallback", parameter_names=parameter_names, on_late_mismatch=on_late_mismatch
+        *args, on_mismatch="fallback", parameter_names=parameter_names, on_late_mismatch=on_late_mismatch, probe=probe
     )
     return clipper, f"ghost (auto: {clipper.describe()})"

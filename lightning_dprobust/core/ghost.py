@@ -315,7 +315,8 @@ class GhostClipper:
             them with their losses in the step's batch; a difference runs the full check on that step before its
             result is returned. A loss term or layer that starts to mix examples' losses is so found at the step it
             starts, not up to ``check_every`` steps later (a mixing that leaves every loss value unchanged and only
-            moves gradients still waits for the periodic check).
+            moves gradients still waits for the periodic check). Off by default: on one CPU thread it cost 0.92 ms a
+            step on ``cnn_tanh`` at batch 64 (about 20 % of the ghost step; 1.2 ms, about 3 %, at batch 256).
         parameter_names: clip and return only these trainable parameters (default: all), as the vmap engine's
             argument of that name; layers owning none of them are not captured, gradients flow through them.
 
@@ -346,7 +347,7 @@ class GhostClipper:
         parameter_names: Collection[str] | None = None,
         check_every: int | None = CHECK_EVERY,
         on_late_mismatch: str = "raise",
-        probe: bool = True,
+        probe: bool = False,
     ) -> None:
         for name, value in (("on_mismatch", on_mismatch), ("on_late_mismatch", on_late_mismatch)):
             if value not in ("raise", "fallback"):
@@ -837,7 +838,7 @@ class GhostClipper:
                             checked = self._checked(wide)
                     except Exception as error:  # e.g. no float64 on the device: the float32 mismatch stands
                         log.info("ghost engine: the first-step mismatch could not be checked in float64 (%s)", error)
-        except RuntimeError as error:
+        except (RuntimeError, ValueError) as error:
             raise EngineMismatch(
                 "ghost engine: the vmap engine cannot compute this model's per-example gradients in the mode it trains "
                 f"in ({type(error).__name__}: {str(error).splitlines()[0][:200]}), so the check cannot compare the "

@@ -33,10 +33,11 @@ def flags() -> tuple[bool, bool, bool]:
 def test_autocast_is_off_in_every_call_tf32_in_the_products_and_the_flags_are_restored():
     """bf16 autocast and TF32 would round the norm's and the sum's factors differently. Autocast is off in every call;
     TF32 is off in the products that form the norms and the clipped sums (every rule's ``sq_norms`` and
-    ``clipped_sum``) and throughout the first step's check (its passes over 3 examples and over the whole batch), while the training steps' forward and backward keep the
-    caller's TF32 setting; all flags are restored after, also when the call raises."""
+    ``clipped_sum``) and throughout the first step's check (its passes over 3 examples and over the whole batch),
+    while the training steps' forward and backward keep the caller's TF32 setting; all flags are restored after, also
+    when the call raises."""
     module = build("cnn_tanh", (1, 8, 8))
-    ghost = GhostClipper(module, "per_example_loss", 1.0, probe=False)  # the probe's forwards keep the caller's TF32
+    ghost = GhostClipper(module, "per_example_loss", 1.0)
     forwards, products = [], []
     original = module.per_example_loss
 

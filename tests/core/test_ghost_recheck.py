@@ -42,7 +42,7 @@ def module() -> BatchCentered:
 
 
 def test_a_loss_that_starts_to_mix_examples_is_refused_at_the_next_check(module):
-    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=3, probe=False)
+    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=3)
     ghost(_batch())  # checked: the loss is separable
     module.mixing = True
     separate = PerExampleClipper(module, "per_example_loss", 1.0)(_batch()).norms  # each example's loss alone
@@ -56,7 +56,7 @@ def test_a_loss_that_starts_to_mix_examples_is_refused_at_the_next_check(module)
 def test_a_late_mismatch_stops_even_where_the_first_check_may_fall_back(module):
     """``auto``'s ``on_mismatch="fallback"`` covers a check before which nothing was released; a later one found the
     released steps unbounded, so it stops by default."""
-    ghost = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="fallback", check_every=2, probe=False)
+    ghost = GhostClipper(module, "per_example_loss", 1.0, on_mismatch="fallback", check_every=2)
     ghost(_batch())
     module.mixing = True
     ghost(_batch(seed=4))  # not due: released unchecked
@@ -74,7 +74,7 @@ def test_a_first_check_mismatch_under_fallback_releases_nothing_unbounded(module
 
 
 def test_under_late_fallback_the_unchecked_steps_are_counted_and_the_later_ones_are_the_vmap_engines(module):
-    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=2, on_late_mismatch="fallback", probe=False)
+    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=2, on_late_mismatch="fallback")
     ghost(_batch())
     module.mixing = True
     ghost(_batch(seed=4))  # not due: released unchecked
@@ -90,7 +90,7 @@ def test_under_late_fallback_the_unchecked_steps_are_counted_and_the_later_ones_
 
 
 def test_the_per_step_probe_finds_a_loss_that_starts_to_mix_at_the_step_it_starts(module):
-    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=100)
+    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=100, probe=True)
     ghost(_batch())
     ghost(_batch(seed=4))
     module.mixing = True
@@ -99,7 +99,7 @@ def test_the_per_step_probe_finds_a_loss_that_starts_to_mix_at_the_step_it_start
 
 
 def test_the_probe_leaves_a_separable_step_unchecked(module, monkeypatch):
-    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=100)
+    ghost = GhostClipper(module, "per_example_loss", 1.0, check_every=100, probe=True)
     checks = counting_checks(ghost, monkeypatch)
     for seed in range(5):
         ghost(_batch(seed=seed))

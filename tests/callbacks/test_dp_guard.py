@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.callbacks import DPCallback
-from lightning_dprobust.callbacks.dp_guard import PrivateStepBypassed, PrivateStepGuard
+from lightning_dprobust.callbacks.dp_guard import (
+    BuffersWritten,
+    ClosureReplayed,
+    PrivateStepBypassed,
+    PrivateStepGuard,
+)
 from lightning_dprobust.methods import DPSGD
 from tests.helpers import digits, quiet_trainer
 
@@ -63,3 +70,144 @@ def test_the_private_gradient_itself_passes_and_any_change_is_caught():
     parameter.grad = torch.tensor([1.0, 2.0, 3.0 + 1e-6])
     with pytest.raises(PrivateStepBypassed, match="not the private gradient"):
         guard.verify({"w": parameter})
+
+
+class RawGradientAdder(L.Callback):
+    """A callback placed after ``DPCallback`` that adds the raw batch gradient to ``.grad`` before the update."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        _add_raw_gradient(pl_module)
+
+
+def _add_raw_gradient(module) -> None:
+    x, y = module._last_batch
+    with torch.enable_grad():
+        grads = torch.autograd.grad(module.per_example_loss(x, y).mean(), list(module.parameters()))
+    for p, g in zip(module.parameters(), grads, strict=True):
+        p.grad = g if p.grad is None else p.grad + g
+
+
+class RemembersBatch(DPSGD):
+    def training_inputs(self, batch):
+        self._last_batch = batch
+        return super().training_inputs(batch)
+
+
+class LateModuleHook(RemembersBatch):
+    def on_before_optimizer_step(self, optimizer):
+        _add_raw_gradient(self)
+
+
+class LateClipping(RemembersBatch):
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        _add_raw_gradient(self)
+
+
+class LeakyPrecision(L.pytorch.plugins.precision.Precision):
+    """A precision plugin whose wrapped closure adds the raw gradient after the closure ran."""
+
+    def _wrap_closure(self, model, optimizer, closure):
+        result = super()._wrap_closure(model, optimizer, closure)
+        _add_raw_gradient(model)
+        return result
+
+
+@pytest.mark.parametrize(
+    ("module_class", "extra"),
+    [
+        (RemembersBatch, {"callbacks": [RawGradientAdder()]}),
+        (LateModuleHook, {}),
+        (LateClipping, {}),
+        (RemembersBatch, {"plugins": [LeakyPrecision()]}),
+    ],
+    ids=["callback after DPCallback", "module hook", "configure_gradient_clipping", "precision plugin"],
+)
+def test_a_gradient_changed_after_the_private_step_by_a_late_hook_stops_the_run(tmp_path, module_class, extra):
+    module = module_class(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8))
+    initial = [p.detach().clone() for p in module.parameters()]
+    callbacks = [DPCallback(noise_multiplier=1.0), *extra.get("callbacks", [])]
+    trainer = quiet_trainer(tmp_path, max_steps=2, callbacks=callbacks, plugins=extra.get("plugins"))
+    with pytest.raises(PrivateStepBypassed, match="not the private gradient"):
+        trainer.fit(module, digits(batch_size=128))
+    assert all(torch.equal(a, b) for a, b in zip(initial, module.parameters(), strict=True)), "a leaky step was applied"
+
+
+class ForeignTensorInOptimizer(DPSGD):
+    """Puts a ``requires_grad`` buffer into the optimizer: it would be trained outside the private step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("extra", torch.zeros(3, requires_grad=True))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([*self.parameters(), self.extra], lr=0.1)
+
+
+def test_a_tensor_in_the_optimizer_that_the_private_step_does_not_cover_stops_the_run(tmp_path):
+    module = ForeignTensorInOptimizer(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8))
+    trainer = quiet_trainer(tmp_path, max_steps=1, callbacks=[DPCallback(noise_multiplier=1.0)])
+    with pytest.raises(PrivateStepBypassed, match="not a trainable parameter of the module"):
+        trainer.fit(module, digits(batch_size=128))
+
+
+class WithLBFGS(DPSGD):
+    def configure_optimizers(self):
+        return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=5)
+
+
+class ReplaysClosure(torch.optim.SGD):
+    """Calls its closure twice per step, as a line search would."""
+
+    def step(self, closure=None):
+        closure()
+        return super().step(closure)
+
+
+class WithReplayingOptimizer(DPSGD):
+    def configure_optimizers(self):
+        return ReplaysClosure(self.parameters(), lr=0.1)
+
+
+def test_lbfgs_is_refused_and_a_replayed_closure_stops_before_its_second_release(tmp_path):
+    trainer = quiet_trainer(tmp_path, max_steps=1, callbacks=[DPCallback(noise_multiplier=1.0)])
+    with pytest.raises(MisconfigurationException, match="LBFGS evaluates the loss several times"):
+        trainer.fit(WithLBFGS(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8)), digits(batch_size=128))
+    callback = DPCallback(noise_multiplier=1.0)
+    trainer = quiet_trainer(tmp_path, max_steps=1, callbacks=[callback])
+    with pytest.raises(ClosureReplayed, match="called its closure a second time"):
+        trainer.fit(WithReplayingOptimizer(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8)), digits(128))
+    assert callback.ledger.steps == 1  # the second call raised before it released anything
+
+
+class WritesABuffer(DPSGD):
+    """Writes a statistic of the private batch into a buffer during the training step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("seen_mean", torch.zeros(()))
+
+    def training_inputs(self, batch):
+        self.seen_mean.copy_(batch[0].mean())
+        return super().training_inputs(batch)
+
+
+def test_a_buffer_written_by_a_training_step_stops_the_run_and_is_restored(tmp_path):
+    module = WritesABuffer(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8))
+    initial = [p.detach().clone() for p in module.parameters()]
+    trainer = quiet_trainer(tmp_path, max_steps=2, callbacks=[DPCallback(noise_multiplier=1.0)])
+    with pytest.raises(BuffersWritten, match="seen_mean"):
+        trainer.fit(module, digits(batch_size=128))
+    assert float(module.seen_mean) == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(initial, module.parameters(), strict=True))
+
+
+def test_a_running_statistics_layer_is_refused_and_its_buffers_stay_unwritten(tmp_path):
+    from lightning_dprobust.audit.sensitivity import FunctionalBatchNorm, _classifier
+
+    module = DPSGD(model=_classifier(FunctionalBatchNorm()), num_classes=10, input_shape=(1, 8, 8))
+    trainer = quiet_trainer(tmp_path, max_steps=2, callbacks=[DPCallback(noise_multiplier=1.0)])
+    with pytest.raises(Exception, match="cannot|buffers|Expected more than 1 value"):
+        trainer.fit(module, digits(batch_size=128))
+    norm = module.model[3]
+    assert torch.equal(norm.running_mean, torch.zeros_like(norm.running_mean))
+    assert torch.equal(norm.running_var, torch.ones_like(norm.running_var))

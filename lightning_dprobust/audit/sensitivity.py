@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_dprobust.core.engines import build_clipper
-from lightning_dprobust.methods import DPSGD
+from lightning_dprobust.methods import DPSGD, DPAdv, DPCert
 
 C = 1.0
 BOUND = C * (1 + 1e-5)
@@ -92,7 +92,13 @@ def _classifier(middle: nn.Module) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, HIDDEN), nn.Tanh(), middle, nn.Tanh(), nn.Linear(HIDDEN, 10))
 
 
-SEPARABLE = {"plain": nn.Identity, "tied weights": TiedTwice, "cnn_tanh": None}
+SEPARABLE = {
+    "plain": nn.Identity,
+    "tied weights": TiedTwice,
+    "cnn_tanh": None,
+    "DP-CERT (consistency, 2 noisy views)": None,
+    "DP-Adv (PGD-3 views)": None,
+}
 MIXING = {
     "train-only batch standardization": BatchStandardize,
     "F.batch_norm with running statistics": FunctionalBatchNorm,
@@ -104,14 +110,19 @@ MIXING = {
 
 def build_module(case: str) -> DPSGD:
     torch.manual_seed(0)
+    shape = {"num_classes": 10, "input_shape": (1, 8, 8)}
+    if case.startswith("DP-CERT"):
+        return DPCert(regularizer="consistency", num_augmentations=2, model="cnn_tanh", **shape).train()
+    if case.startswith("DP-Adv"):
+        return DPAdv(attack="PGD", attack_eps=0.1, attack_kwargs={"steps": 3}, model="cnn_tanh", **shape).train()
     kind = LateMixing if case == "loss mixing from step 2" else DPSGD
     layer = {**SEPARABLE, **MIXING}[case]
     model = "cnn_tanh" if layer is None else _classifier(layer())
-    return kind(model=model, num_classes=10, input_shape=(1, 8, 8)).train()
+    return kind(model=model, **shape).train()
 
 
 def neighbours(label: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """``B - 1`` copies of one example and an all-ones canary labelled ``label``; the copies alone."""
+    """``B - 1`` copies of one example and an all-ones canary labelled ``label`` (last); the copies alone."""
     copy = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(1)).expand(BATCH - 1, 1, 8, 8)
     with_canary = (
         torch.cat([copy, torch.ones(1, 1, 8, 8)]),
@@ -141,13 +152,16 @@ def released_distances(case: str, engine: str, warm_up: bool) -> list[float] | s
     distances = []
     try:
         if warm_up:
-            clipper(_warm_up_batch())
+            clipper(module.training_inputs(_warm_up_batch()))
         if isinstance(module, LateMixing):
-            clipper(_warm_up_batch())  # step 1: separable
+            clipper(module.training_inputs(_warm_up_batch()))  # step 1: separable
             module.mixing = True
         for label in (0, 7):
-            with_canary, without = neighbours(label)
-            distances.append(_distance(clipper(with_canary).grads, clipper(without).grads))
+            # the method's per-example inputs (views, adversarial examples) of the batch with the canary; its
+            # neighbour drops the canary's row, so both share every other example's inputs exactly
+            inputs = module.training_inputs(neighbours(label)[0])
+            without = tuple(t[:-1] for t in inputs)
+            distances.append(_distance(clipper(inputs).grads, clipper(without).grads))
     except Exception as error:  # the engine refused: nothing was released
         return f"refused: {type(error).__name__}"
     return distances

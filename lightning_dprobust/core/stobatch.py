@@ -3,8 +3,12 @@ Adversarial Learning", ICML 2020 (https://arxiv.org/abs/1903.09822).
 
 Sensitivities (Lemmas 2 and 4), the privacy dividers ``gamma_x`` and ``gamma`` (Lemma 3), the total budget of
 Theorem 4 and its splits (Appendix P), the Laplace draws, the two Taylor-approximated losses (Eqs. 6 and 9), the
-fixed disjoint batches (Alg. 1 line 2, Alg. 4 line 4) and the certified-radius factor (Eq. 13). Plain torch, no
-Lightning. Inputs live in the paper's ``[-1, 1]`` scale here; the LightningModule maps ``[0, 1]`` images to it.
+fixed disjoint batches (Alg. 1 line 2, Alg. 4 line 4) with their membership map, and the certified-radius factor
+(Eq. 13). Plain torch, no Lightning. Inputs live in the paper's ``[-1, 1]`` scale here; the LightningModule maps
+``[0, 1]`` images to it.
+
+The sensitivities, ``gamma``'s and budget below are the paper's; they do not make a proof (see the StoBatch method's
+docstring): the epsilon they give is recorded as nominal, never as a differential-privacy guarantee.
 """
 
 from __future__ import annotations
@@ -129,6 +133,19 @@ def fixed_disjoint_batches(num_examples: int, batch_size: int, generator: torch.
         )
     order = torch.randperm(num_examples, generator=generator, device=generator.device).cpu()
     return order[: count * batch_size].view(count, batch_size)
+
+
+def batch_membership(batches: Tensor, num_examples: int) -> Tensor:
+    """``[num_examples]`` long tensor: the number of the fixed batch each example belongs to, ``-1`` for an example
+    left out of every batch (the rest of :func:`fixed_disjoint_batches`).
+
+    Each example's input noise is the draw of its own batch (``StoBatch.draw_input_noise``), looked up through this
+    map.
+    """
+    membership = torch.full((int(num_examples),), -1, dtype=torch.long)
+    numbers = torch.arange(len(batches)).repeat_interleave(batches.shape[1])
+    membership[batches.flatten().cpu()] = numbers
+    return membership
 
 
 def step_pairs(num_batches: int, world_size: int = 1, rank: int = 0) -> list[tuple[int, int]]:

@@ -1,10 +1,12 @@
-"""The StoBatch network: a DP auto-encoder layer ``theta1`` with fixed Laplace noise, then the classifier ``theta2``.
+"""The StoBatch network: an auto-encoder layer ``theta1`` with fixed Laplace noise, then the classifier ``theta2``.
 
 Phan et al., ICML 2020 (https://arxiv.org/abs/1903.09822), Alg. 1 line 3: ``f`` has hidden layers
-``{h_1 + 2 chi2 / m, ..., h_pi}`` and reads inputs ``x + chi1 / m``. The noise is drawn once and kept in
-non-persistent buffers: it is secret training state, never in the network's ``state_dict`` (so never in released
-weights); the StoBatch method keeps it in its private training checkpoints. The privacy arithmetic (scales, budget,
-drawing) lives in :mod:`lightning_dprobust.core.stobatch` and the StoBatch method.
+``{h_1 + 2 chi2 / m, ..., h_pi}`` and reads perturbed inputs ``x + chi1 / m``. The hidden and label noise are drawn
+once and kept in non-persistent buffers; the input noise is one draw per fixed batch, held by the StoBatch method and
+passed to :meth:`StoBatchNet.perturb`. All of it is secret training state, never in the network's ``state_dict`` (so
+never in released weights); the StoBatch method keeps it in its private training checkpoints. The privacy arithmetic
+(scales, budget, drawing) lives in :mod:`lightning_dprobust.core.stobatch` and the StoBatch method; its epsilon is
+nominal, not a differential-privacy guarantee (see the method).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ NORMALIZATIONS: tuple[str, ...] = ("none", "batch")
 
 
 class StoBatchNet(nn.Module):
-    """``f(x) = W_pi tanh(body(features(x_bar)))`` with ``x_bar = (2 x - 1) + chi1 / m``.
+    """``f(x) = W_pi tanh(body(features(x_bar)))`` with ``x_bar = (2 x - 1) + chi1_b / m`` (``b``: the example's batch).
 
     ``theta1`` is a bias-free convolution (``encoder``) whose tanh output ``h = tanh(theta1 * x_bar)`` lies in
     ``[-1, 1]`` (Lemma 2 needs it); its tied transpose reconstructs the input from the perturbed hidden layer
@@ -37,29 +39,30 @@ class StoBatchNet(nn.Module):
 
     - ``"none"`` (default): ``feature_gain * h`` of each example alone, with no statistic over other examples, so
       ``h_pi`` of an example depends on that example and the parameters only, as Lemma 4's sensitivity
-      ``Delta_L2 = 2 |h_pi|`` assumes. ``h`` is post-processing of the perturbed input ``x_bar`` (Lemma 3's
-      ``epsilon1 / gamma_x`` release, counted in Theorem 4); the hidden offset ``2 chi2 / m`` (Laplace scale about 4
+      ``Delta_L2 = 2 |h_pi|`` assumes. ``h`` is computed from the perturbed input ``x_bar`` (Lemma 3's
+      ``epsilon1 / gamma_x`` release, nominal); the hidden offset ``2 chi2 / m`` (Laplace scale about 4
       on digits, against a spread of ``h`` across examples of about 0.01) would saturate the unnormalized layers, and
       a constant cannot be removed from one example without reading the others. The hidden noise stays in the
       reconstruction objective of ``theta1`` (Eq. 17). ``feature_gain`` (a public constant) brings that spread to the
       order of one.
     - ``"batch"``: the paper's form, ``h_bar`` normalized element-wise over the batch (``BatchNorm1d``), as the
       authors' code normalizes the first layer. In training one example then moves every other example's ``h_pi``,
-      so Lemma 4's bound does not hold and the epsilon is a nominal claim, not a guarantee (the StoBatch method
-      records it as nominal).
+      so Lemma 4's bound does not hold either.
 
-    Buffers: ``input_noise = chi1 / m`` (input shape), ``hidden_noise = 2 chi2 / m`` (the first-layer map) and
-    ``label_noise = chi3`` (``[hidden, num_classes]``, the batch-sum scale), set once by :meth:`set_noise`. They are
-    non-persistent: ``state_dict()`` (a release) never holds them, because whoever knows the draw can strip it from
-    the perturbed objective and the pure-DP guarantee of the weights is void.
+    Buffers: ``hidden_noise = 2 chi2 / m`` (the first-layer map) and ``label_noise = chi3`` (``[hidden,
+    num_classes]``, the batch-sum scale), set once by :meth:`set_noise`. They are non-persistent: ``state_dict()`` (a
+    release) never holds them, because whoever knows the draw can strip it from the perturbed objective. The input
+    noise ``chi1_b / m`` is not a buffer: each fixed batch ``b`` has its own draw, passed to :meth:`perturb` as
+    ``offset``.
 
-    Inference noise (``inference_noise``): in training mode the draw always applies (it is the training objective).
-    In eval mode, ``"released"`` (default) uses a zero offset in place of the draw, so predictions depend on the
-    released weights only; fresh noise is added by the caller (PixelDP scores). The network was trained on inputs
-    shifted by ``chi1 / m``, a distribution shift that costs accuracy in ``"released"`` mode. Under ``"batch"`` the
-    hidden shift ``-2 chi2 / m`` is removed by normalizing over the batch being classified (:meth:`classify`).
-    ``"training_draw"`` reuses the draw as the paper's inference does (Appendix N); only sound while the draw stays
-    secret (a private checkpoint, never a release).
+    Inference noise (``inference_noise``): in training mode the hidden draw always applies (it is the training
+    objective). In eval mode, ``"released"`` (default) uses a zero offset in place of the draw, so predictions depend
+    on the released weights only; fresh noise is added by the caller (PixelDP scores). The network was trained on
+    inputs shifted by its batches' ``chi1_b / m``, a distribution shift that costs accuracy in ``"released"`` mode.
+    Under ``"batch"`` the hidden shift ``-2 chi2 / m`` is removed by normalizing over the batch being classified
+    (:meth:`classify`). ``"training_draw"`` reuses the hidden draw as the paper's inference does (Appendix N); the
+    input draws differ from batch to batch, so no single input offset is reused (it reads no input offset). Only
+    sound while the draw stays secret (a private checkpoint, never a release).
 
     Args:
         num_classes: ``K``.
@@ -96,8 +99,8 @@ class StoBatchNet(nn.Module):
             raise ValueError(f"inference_noise={inference_noise!r} must be 'released' or 'training_draw'")
         if normalization not in NORMALIZATIONS:
             raise ValueError(
-                f"normalization={normalization!r} must be 'none' (per example, a DP guarantee) or 'batch' (the "
-                "paper's batch normalization, a nominal epsilon only)"
+                f"normalization={normalization!r} must be 'none' (per example) or 'batch' (the paper's batch "
+                "normalization, which also couples the examples)"
             )
         if not (isinstance(feature_gain, int | float) and feature_gain > 0):
             raise ValueError(f"feature_gain={feature_gain!r} must be a number > 0 (the scale of h read by theta2)")
@@ -123,43 +126,42 @@ class StoBatchNet(nn.Module):
         self.head = nn.Linear(hidden, num_classes, bias=False)
         self.patch_size = c * kernel_size**2
         self.neurons = self.map_shape[1] * self.map_shape[2]
-        self.register_buffer("input_noise", torch.zeros(input_shape), persistent=False)
         self.register_buffer("hidden_noise", torch.zeros(self.map_shape), persistent=False)
         self.register_buffer("label_noise", torch.zeros(hidden, num_classes), persistent=False)
         self.register_buffer("noise_drawn", torch.tensor(False), persistent=False)
 
     @torch.no_grad()
-    def set_noise(self, input_noise: Tensor, hidden_noise: Tensor, label_noise: Tensor) -> None:
-        """Store the one draw of the noise (Alg. 1 line 1), already scaled: ``chi1 / m``, ``2 chi2 / m``, ``chi3``.
+    def set_noise(self, hidden_noise: Tensor, label_noise: Tensor) -> None:
+        """Store the one draw of the hidden and label noise (Alg. 1 line 1), already scaled: ``2 chi2 / m``, ``chi3``.
 
         Raises:
             RuntimeError: the noise was set already (a second draw would be a second, unaccounted release).
         """
         if bool(self.noise_drawn):
             raise RuntimeError("StoBatch noise is drawn once per model; this network already holds its draw")
-        self.input_noise.copy_(input_noise)
         self.hidden_noise.copy_(hidden_noise)
         self.label_noise.copy_(label_noise)
         self.noise_drawn.fill_(True)
 
     @property
     def uses_draw(self) -> bool:
-        """Whether the draw is added: in training mode (zero before :meth:`set_noise`), in eval mode only for
-        ``"training_draw"``, which needs a network holding its draw."""
-        if self.training:
-            return True
-        if self.inference_noise == "released":
-            return False
-        if not bool(self.noise_drawn):
+        """Whether the hidden draw is added: in training mode (zero before :meth:`set_noise`), in eval mode only for
+        ``"training_draw"``, which needs a network holding its draw (:meth:`check_draw`)."""
+        self.check_draw()
+        return self.training or self.inference_noise == "training_draw"
+
+    def check_draw(self) -> None:
+        """Raise ``RuntimeError`` in eval mode under ``"training_draw"`` when the network holds no draw."""
+        if not self.training and self.inference_noise == "training_draw" and not bool(self.noise_drawn):
             raise RuntimeError(
                 "inference_noise='training_draw' needs the training draw, and this StoBatch network holds none "
                 "(released weights never do): load a private training checkpoint or use inference_noise='released'"
             )
-        return True
 
-    def perturb(self, x: Tensor) -> Tensor:
-        """``x_bar = (2 x - 1) + chi1 / m`` (offset 0 when :attr:`uses_draw` is false), in the paper's scale."""
-        return 2 * x - 1 + self.input_noise if self.uses_draw else 2 * x - 1
+    def perturb(self, x: Tensor, offset: Tensor | None = None) -> Tensor:
+        """``x_bar = (2 x - 1) + offset`` in the paper's scale; ``offset`` is each example's ``chi1_b / m`` in
+        training (broadcast against ``x``) and ``None`` (zero) otherwise."""
+        return 2 * x - 1 if offset is None else 2 * x - 1 + offset
 
     def hidden(self, x_bar: Tensor, extra_noise: Tensor | None = None) -> Tensor:
         """``h_bar = tanh(theta1 * x_bar) + 2 chi2 / m`` (offset 0 when :attr:`uses_draw` is false), plus
@@ -210,8 +212,10 @@ class StoBatchNet(nn.Module):
         return F.pad(out, (0, width - out.shape[-1], 0, height - out.shape[-2]))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Logits without fresh noise: with the training draw (``"training_draw"``, the ``n -> infinity`` limit of
-        Appendix N's estimate) or with a zero offset (``"released"``)."""
+        """Logits without fresh noise and without an input offset: with the hidden training draw
+        (``"training_draw"``, the ``n -> infinity`` limit of Appendix N's estimate) or a zero offset
+        (``"released"``)."""
+        self.check_draw()
         return self.classify(self.features(self.perturb(x)))
 
 

@@ -68,6 +68,15 @@ def test_fixed_batches_are_disjoint_cover_and_are_reproducible_from_their_genera
         sb.fixed_disjoint_batches(200, 120, torch.Generator())
 
 
+def test_batch_membership_maps_each_example_to_its_one_batch_and_the_rest_to_minus_one():
+    batches = sb.fixed_disjoint_batches(1293, 120, torch.Generator().manual_seed(3))
+    membership = sb.batch_membership(batches, 1293)
+    assert membership.shape == (1293,) and membership.dtype == torch.long
+    for number, batch in enumerate(batches):
+        assert (membership[batch] == number).all()
+    assert (membership == -1).sum().item() == 93  # the rest of the partition belongs to no batch
+
+
 def test_step_pairs_one_trainer_uses_every_batch_once_as_each_role():
     pairs = sb.step_pairs(10)
     assert sorted(b for b, _ in pairs) == list(range(10)) == sorted(a for _, a in pairs)

@@ -29,11 +29,11 @@ def main(out_dir: Path, devices: int) -> None:
     state = {
         "initial": initial,
         "params": torch.cat([p.detach().flatten() for p in module.parameters()]),
-        "noise": torch.cat([module.net.input_noise.flatten(), module.net.hidden_noise.flatten()]),
+        "noise": torch.cat([module.input_draws.flatten(), module.net.hidden_noise.flatten()]),
         "batches": module.batches,
         "served": served,
         "steps": trainer.global_step,
-        "epsilon": module.ledger.epsilon(0.0),
+        "epsilon": module.ledger.nominal[0].epsilon,
         "world_size": trainer.world_size,
     }
     torch.save(state, out_dir / f"rank{trainer.global_rank}.pt")

@@ -1,8 +1,10 @@
-"""StoBatch: fit, privacy events, noise drawn once, fixed batches, resume, gradient isolation, DP adversarial
-examples, the PixelDP interface, the CLI, bad inputs (spec section 17.1)."""
+"""StoBatch: fit, the nominal epsilon, noise drawn once (the input noise once per fixed batch), fixed batches,
+resume, gradient isolation, DP adversarial examples, the PixelDP interface, the CLI, bad inputs (spec section
+17.1)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import lightning as L
@@ -19,7 +21,8 @@ from lightning_dprobust.robustness import stobatch_attacks
 from tests.helpers import digits, quiet_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-BUFFERS = ("input_noise", "hidden_noise", "label_noise")
+BUFFERS = ("hidden_noise", "label_noise")
+SECRETS = (*BUFFERS, "input_draws")
 
 
 def module(**kwargs) -> StoBatch:
@@ -28,7 +31,8 @@ def module(**kwargs) -> StoBatch:
 
 
 def noise_of(sto: StoBatch) -> dict[str, torch.Tensor]:
-    return {name: getattr(sto.net, name).clone() for name in BUFFERS}
+    """The network's hidden and label draw and the module's per-batch input draws."""
+    return {name: getattr(sto.net, name).clone() for name in BUFFERS} | {"input_draws": sto.input_draws.clone()}
 
 
 class StepRecorder(L.Callback):
@@ -42,29 +46,25 @@ class StepRecorder(L.Callback):
         self.noise.append(noise_of(pl_module))
 
 
-def test_fit_learns_records_four_laplace_releases_and_logs_epsilon(tmp_path, caplog):
+def test_fit_learns_and_records_logs_and_prints_the_epsilon_as_nominal(tmp_path, caplog):
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match="reproducibility mode"):  # a fixed draw: a secret one varies too much
-        sto = module(epsilon=2.0, noise_seed=0)
+        sto = module(epsilon=8.0, noise_seed=0)
     trainer = quiet_trainer(tmp_path, max_epochs=8, limit_val_batches=None, callbacks=[LedgerLogger()])
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO"), pytest.warns(UserWarning, match="NOT a differential-privacy guarantee"):
         trainer.fit(sto, digits())
-    logged = trainer.callback_metrics["privacy/epsilon"].item()
+    assert trainer.callback_metrics["privacy/nominal_epsilon"].item() == 8.0
+    assert "privacy/epsilon" not in trainer.callback_metrics  # the ledger logger logs guarantees only
     released = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
-    sto.net.inference_noise = "training_draw"
-    paper = trainer.validate(sto, digits(), verbose=False)[0]["val/acc"]
-    assert released > 0.3 and paper > 0.3  # chance is 0.1
-    releases = {event.source: event.epsilon for event in sto.ledger.laplace}
-    assert releases == {
-        "stobatch.autoencoder": pytest.approx(sto.epsilon1),
-        "stobatch.inputs": pytest.approx(sto.epsilon1 / sto.gamma_x),
-        "stobatch.hidden": pytest.approx(sto.epsilon1 / sto.gamma),
-        "stobatch.labels": pytest.approx(0.1),
-    }
-    assert sto.ledger.epsilon(0.0) == pytest.approx(2.0, rel=1e-12)
-    assert logged == pytest.approx(2.0, rel=1e-6)
-    assert "pure DP (delta 0: 4 Laplace releases)" in fit_summary(trainer, None)
-    assert "StoBatch: epsilon = 2" in caplog.text
+    assert released > 0.3  # chance is 0.1
+    [claim] = sto.ledger.nominal
+    assert (claim.source, claim.epsilon, claim.delta) == (method.NOMINAL_SOURCE, 8.0, 0.0)
+    assert claim.epsilon == pytest.approx(sb.total_epsilon(sto.epsilon1, sto.epsilon2, sto.gamma, sto.gamma_x))
+    assert sto.ledger.laplace == () and math.isinf(sto.ledger.epsilon(0.0))  # no DP guarantee is composed
+    summary = fit_summary(trainer, None)
+    assert "no DP guarantee; nominal epsilon 8 at delta 0 (stobatch.theorem4)" in summary and "pure DP" not in summary
+    assert "StoBatch: no DP guarantee; nominal epsilon 8" in caplog.text
+    assert "NOT a differential-privacy guarantee" in caplog.text
 
 
 def test_noise_drawn_once_and_batches_fixed_disjoint_and_identical_every_epoch(tmp_path):
@@ -75,12 +75,38 @@ def test_noise_drawn_once_and_batches_fixed_disjoint_and_identical_every_epoch(t
     for first, second in zip(recorder.batches[:steps], recorder.batches[steps:], strict=True):
         assert torch.equal(first, second)  # same batches, same order, in both epochs
     for noise in recorder.noise:
-        assert all(torch.equal(noise[name], getattr(sto.net, name)) for name in BUFFERS)
+        assert all(torch.equal(noise[name], value) for name, value in noise_of(sto).items())
     flat = sto.batches.flatten().tolist()
     assert len(flat) == len(set(flat)) == steps * 120
     for benign, adversarial in sb.step_pairs(steps):
         assert not set(sto.batches[benign].tolist()) & set(sto.batches[adversarial].tolist())
     assert bool(sto.net.noise_drawn) and all(getattr(sto.net, name).abs().sum() > 0 for name in BUFFERS)
+    assert sto.input_draws.shape == (steps, 1, 8, 8)  # one input draw per fixed batch
+
+
+def test_each_fixed_batch_has_its_own_input_noise_so_perturbed_differences_hide_clean_ones(tmp_path, monkeypatch):
+    """One input draw shared by all batches (Alg. 1 line 1 as printed) gives ``x_bar_i - x_bar_j = x_i - x_j`` for
+    every pair of training examples; each batch's own draw keeps that within a batch only (Eq. 16)."""
+    sto, seen = module(attack_steps=1), []
+    real = sto.net.perturb
+
+    def spy(x, *args, **kwargs):
+        x_bar = real(x, *args, **kwargs)
+        if sto.net.training:
+            seen.append((x.detach().clone(), x_bar.detach().clone()))
+        return x_bar
+
+    monkeypatch.setattr(sto.net, "perturb", spy)
+    quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2).fit(sto, digits())
+    for step, (x, x_bar) in enumerate(seen):
+        clean = 2 * x  # the paper's [-1, 1] scale
+        assert torch.allclose(x_bar[0] - x_bar[1], clean[0] - clean[1], atol=1e-5)  # same batch, same draw
+        assert not torch.allclose(x_bar[0] - x_bar[120], clean[0] - clean[120], atol=1e-2)  # two batches
+        benign, adversarial = sb.step_pairs(len(sto.batches))[step]
+        offsets = x_bar - (2 * x - 1)
+        assert torch.allclose(offsets[:120], sto.input_draws[benign].expand(120, -1, -1, -1), atol=1e-5)
+        assert torch.allclose(offsets[120:], sto.input_draws[adversarial].expand(120, -1, -1, -1), atol=1e-5)
+    assert len(seen) == 2 and not torch.equal(sto.input_draws[0], sto.input_draws[1])
 
 
 def test_noise_is_secret_by_default_and_redrawing_is_refused(tmp_path):
@@ -89,10 +115,12 @@ def test_noise_is_secret_by_default_and_redrawing_is_refused(tmp_path):
         L.seed_everything(0)
         sto = module()
         quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1).fit(sto, digits())
-        draws.append(sto.net.input_noise.clone())
+        draws.append(sto.input_draws.clone())
     assert not torch.equal(draws[0], draws[1])  # seed_everything does not fix the secret draw
     with pytest.raises(RuntimeError, match="drawn once"):
         sto.draw_noise(torch.Generator())
+    with pytest.raises(RuntimeError, match="drawn once"):
+        sto.draw_input_noise(len(sto.batches), torch.Generator())
 
 
 def test_noise_scales_follow_the_budget():
@@ -104,8 +132,10 @@ def test_noise_scales_follow_the_budget():
     assert sto.hidden_scale == pytest.approx(2 * sto.input_scale)
     assert sto.label_scale == pytest.approx(512 / sto.epsilon2)
     sto.draw_noise(torch.Generator().manual_seed(0))
+    sto.draw_input_noise(4, torch.Generator().manual_seed(1))
     net = sto.net
-    assert net.input_noise.abs().mean().item() == pytest.approx(sto.input_scale, rel=0.05)
+    assert sto.input_draws.shape == (4, 3, 28, 28)
+    assert sto.input_draws.abs().mean().item() == pytest.approx(sto.input_scale, rel=0.05)
     assert net.hidden_noise.abs().mean().item() == pytest.approx(sto.hidden_scale, rel=0.03)
     assert net.label_noise.abs().mean().item() == pytest.approx(sto.label_scale, rel=0.05)
 
@@ -125,12 +155,13 @@ def test_resume_restores_noise_and_batches_and_draws_nothing(tmp_path, monkeypat
     resumed, recorder = module(), StepRecorder()
     quiet_trainer(tmp_path, max_epochs=3, callbacks=[recorder]).fit(resumed, digits(), ckpt_path=ckpt)
     assert len(recorder.batches) == 2 * len(saved_batches)
-    assert all(torch.equal(saved_noise[name], noise[name]) for noise in recorder.noise for name in BUFFERS)
+    assert all(torch.equal(saved_noise[name], noise[name]) for noise in recorder.noise for name in SECRETS)
     assert torch.equal(resumed.batches, saved_batches)
     assert "batches" not in resumed.state_dict()  # the partition is secret: not in released weights
-    assert resumed.ledger.epsilon(0.0) == saved_epsilon  # independent of the number of steps
+    assert resumed.ledger.nominal == sto.ledger.nominal and math.isinf(saved_epsilon)  # nominal, whatever the steps
     loaded = load_classifier(ckpt)
     assert all(torch.equal(saved_noise[name], getattr(loaded.net, name)) for name in BUFFERS)
+    assert torch.equal(saved_noise["input_draws"], loaded.input_draws)
 
 
 def test_gradient_isolation_between_theta1_and_theta2():
@@ -154,6 +185,8 @@ def test_training_attacks_stay_in_the_ball_and_never_read_the_labels(monkeypatch
     data = digits()
     data.setup("fit")
     x, y = (t[:240] for t in data.train_set.tensors)
+    sto.draw_input_noise(2, torch.Generator().manual_seed(2))
+    offset = sto.input_offsets(torch.arange(2).repeat_interleave(120), x)
     crafted = []
     real = stobatch_attacks.ensemble_attack
 
@@ -162,12 +195,12 @@ def test_training_attacks_stay_in_the_ball_and_never_read_the_labels(monkeypatch
         return crafted[-1][1]
 
     monkeypatch.setattr(method, "ensemble_attack", recording)
-    sto.stobatch_losses(x, y, 0.4, torch.Generator().manual_seed(1))
-    sto.stobatch_losses(x, (y + 3) % 10, 0.4, torch.Generator().manual_seed(1))  # other labels, same examples
+    sto.stobatch_losses(x, y, 0.4, torch.Generator().manual_seed(1), offset)
+    sto.stobatch_losses(x, (y + 3) % 10, 0.4, torch.Generator().manual_seed(1), offset)  # other labels
     (x_bar, first), (_, second) = crafted
     assert torch.equal(first, second)
     assert (first - x_bar).abs().max().item() <= 0.4 + 1e-6
-    assert torch.equal(x_bar, sto.net.perturb(x[120:]))  # crafted from the perturbed source batch
+    assert torch.equal(x_bar, 2 * x[120:] - 1 + sto.input_draws[1])  # from the source batch, perturbed by its draw
 
 
 def test_iterative_step_is_mu_over_steps():
@@ -205,9 +238,9 @@ def test_cli_fit_of_the_digits_config(tmp_path, capsys):
     args += ["--trainer.enable_progress_bar", "false", "--trainer.limit_train_batches", "2"]
     args += ["--model.init_args.attack_steps", "1"]
     assert dprobust(args) == 0
-    assert "fit done: epsilon 2, pure DP" in capsys.readouterr().out
-    ckpt = next(tmp_path.rglob("last.ckpt"))
-    assert torch.load(ckpt, weights_only=True)["privacy_ledger"]["laplace"][3] == ["stobatch.labels", 0.1]
+    assert "fit done: no DP guarantee; nominal epsilon 2 at delta 0" in capsys.readouterr().out
+    ledger = torch.load(next(tmp_path.rglob("last.ckpt")), weights_only=True)["privacy_ledger"]
+    assert ledger["nominal"] == [["stobatch.theorem4", 2.0, 0.0]] and "laplace" not in ledger
 
 
 def test_too_few_examples_for_two_batches_is_one_clear_error(tmp_path):
@@ -250,13 +283,19 @@ def test_ensemble_gives_each_attack_a_third_of_the_source_batch(monkeypatch):
 
 
 def test_every_noise_enters_the_step():
-    """chi1 shifts the inputs, 2 chi2 / m the first hidden layer, and chi3 adds -<chi3, W_pi> / m to the loss."""
+    """chi1_b shifts the inputs of batch b, 2 chi2 / m the first hidden layer, and chi3 adds -<chi3, W_pi> / m to
+    the loss."""
     sto = module()
     sto.draw_noise(torch.Generator().manual_seed(0))
+    sto.draw_input_noise(3, torch.Generator().manual_seed(1))
     net = sto.net
     x = torch.rand(240, 1, 8, 8)
     y = torch.randint(0, 10, (240,))
-    assert torch.equal(net.perturb(x), 2 * x - 1 + net.input_noise)
+    membership = torch.tensor([2, 0]).repeat_interleave(120)
+    offset = sto.input_offsets(membership, x)
+    assert torch.equal(net.perturb(x, offset), 2 * x - 1 + sto.input_draws[membership])
+    with pytest.raises(RuntimeError, match="its own fixed batch"):
+        sto.input_offsets(torch.full((240,), -1), x)  # an example in no fixed batch has no input draw
     hidden = net.hidden(net.perturb(x)) - net.hidden_noise
     assert torch.allclose(hidden, torch.tanh(net.encoder(net.perturb(x))), atol=1e-5)
     _, noisy = sto.stobatch_losses(x, y, 0.3, torch.Generator().manual_seed(2))

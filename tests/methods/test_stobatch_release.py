@@ -11,7 +11,8 @@ from lightning_dprobust.models.stobatch import StoBatchNet
 from lightning_dprobust.zoo.hub import Zoo, read_state_dict
 from tests.helpers import digits, quiet_trainer
 
-SECRET = ("input_noise", "hidden_noise", "label_noise", "noise_drawn")
+SECRET = ("input_noise", "input_draws", "hidden_noise", "label_noise", "noise_drawn")
+NET_SECRET = ("hidden_noise", "label_noise", "noise_drawn")
 
 
 def module(**kwargs) -> StoBatch:
@@ -38,23 +39,25 @@ def test_state_dict_holds_no_noise_and_the_checkpoint_keeps_it(tmp_path):
     sto = module()
     trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2, enable_checkpointing=True)
     trainer.fit(sto, digits())
-    assert bool(sto.net.noise_drawn) and sto.net.input_noise.abs().sum() > 0
+    assert bool(sto.net.noise_drawn) and sto.input_draws.abs().sum() > 0
     assert leaked(sto.state_dict()) == [] and leaked(sto.model.state_dict()) == []
     checkpoint = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=True)
     assert leaked(checkpoint["state_dict"]) == []
     assert torch.equal(checkpoint["stobatch_noise"]["hidden_noise"], sto.net.hidden_noise)
+    assert torch.equal(checkpoint["stobatch_input_noise"], sto.input_draws)
     private = StoBatch.load_from_checkpoint(
         trainer.checkpoint_callback.best_model_path, inference_noise="training_draw"
     )
-    assert all(torch.equal(getattr(private.net, name), getattr(sto.net, name)) for name in SECRET)
+    assert all(torch.equal(getattr(private.net, name), getattr(sto.net, name)) for name in NET_SECRET)
+    assert torch.equal(private.input_draws, sto.input_draws)
     x = torch.rand(8, 1, 8, 8)
     sto.net.inference_noise = "training_draw"
     assert torch.equal(private.eval()(x), sto.eval()(x))  # the paper's inference from the private checkpoint
 
 
-def twins() -> tuple[StoBatch, StoBatch, torch.Tensor]:
+def twins(normalization: str = "none") -> tuple[StoBatch, StoBatch, torch.Tensor]:
     """Two modules with the same weights and different draws, in eval mode, and a batch of inputs."""
-    first, second = module(), module()
+    first, second = (module(model_kwargs={"normalization": normalization}) for _ in range(2))
     second.load_state_dict(first.state_dict())
     first.draw_noise(torch.Generator().manual_seed(0))
     second.draw_noise(torch.Generator().manual_seed(1))
@@ -73,7 +76,11 @@ def test_released_predictions_do_not_depend_on_the_training_draw():
     assert torch.equal(*scores)
     for sto in (first, second):
         sto.net.inference_noise = "training_draw"
-    assert not torch.allclose(first(x), second(x))  # the paper's mode reads the draw
+    assert torch.equal(first(x), second(x))  # no input offset is reused (one draw per batch); "none" reads no h_bar
+    first, second, x = twins("batch")
+    for sto in (first, second):
+        sto.net.inference_noise = "training_draw"
+    assert not torch.allclose(first(x), second(x))  # the paper's mode reads the hidden draw
     assert not torch.allclose(*(sto.pixeldp_scores(x, 3, torch.Generator().manual_seed(5)) for sto in (first, second)))
 
 

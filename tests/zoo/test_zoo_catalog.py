@@ -300,9 +300,8 @@ def test_the_recipe_config_matches_the_recorded_privacy_and_smoothing(name):
     config, _ = recipe_config(Zoo(ZOO).info(name))
     assert not any(c["class_path"].endswith(".DPCallback") for c in config["trainer"].get("callbacks", []))
     privacy = entry["meta"]["privacy"]
-    if entry["meta"]["method"] == "StoBatch":  # pure DP from the module's own Laplace releases, no dp group
-        batch = (config["model"]["init_args"].get("model_kwargs") or {}).get("normalization") == "batch"
-        assert config.get("dp") is None and privacy["accountant"] == ("nominal" if batch else "laplace")
+    if entry["meta"]["method"] == "StoBatch":  # a nominal epsilon from the module's own ledger, no dp group
+        assert config.get("dp") is None and privacy["accountant"] == "nominal"
         assert privacy["epsilon"] == pytest.approx(config["model"]["init_args"]["epsilon"], rel=1e-9)
         return
     if name in GENERATORS:  # a generative module holds its own DP arguments

@@ -19,6 +19,7 @@ import warnings
 
 import lightning as L
 import torch
+from seeds import spread_cell
 from torch.utils.data import TensorDataset
 
 from lightning_dprobust.methods import IGAMT
@@ -98,15 +99,9 @@ def main() -> None:
         rows = [run(setting, seed, args.epochs) for seed in args.seeds]
         cols = list(zip(*rows, strict=True))
 
-        def fmt(values):
-            return (
-                f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"
-                if len(values) > 1
-                else f"{values[0]:.3f}"
-            )
-
         print(
-            f"| {name} | {fmt(cols[0])} | {fmt(cols[2])} | {fmt(cols[1])} | {fmt(cols[3])} | "
+            f"| {name} | {spread_cell(cols[0], digits=3)} | {spread_cell(cols[2], digits=3)} | "
+            f"{spread_cell(cols[1], digits=3)} | {spread_cell(cols[3], digits=3)} | "
             f"{statistics.mean(cols[4]):.3g} | {statistics.mean(cols[5]):.3g} |"
         )
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from seeds import spread_cell
 
 import lightning_dprobust.data
 from lightning_dprobust.audit.membership import ATTACKS, model_outputs
@@ -108,10 +109,6 @@ def _run(row: Row, dataset: str, seed: int, epochs: int, shadows: int) -> dict:
     return result
 
 
-def _cell(values: list[float], digits: int = 3) -> str:
-    return f"{np.mean(values):.{digits}f} +- {np.std(values):.{digits}f}"
-
-
 def _table(rows: list[Row]) -> str:
     header = ["model", "test acc", "train-test gap", "AUC loss", "AUC shadow", "AUC LiRA", "epsilon"]
     lines = []
@@ -123,7 +120,7 @@ def _table(rows: list[Row]) -> str:
         else:
             eps_cell = f"{eps:.3g}" + ("" if row.dp else " (nominal)")
         keys = ("test_acc", "gap", "auc_loss", "auc_shadow", "auc_lira")
-        lines.append([row.name, *(_cell([x[k] for x in r]) for k in keys), eps_cell])
+        lines.append([row.name, *(spread_cell([x[k] for x in r], digits=3) for k in keys), eps_cell])
     return markdown_table(header, lines)
 
 

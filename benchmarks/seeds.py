@@ -32,6 +32,21 @@ import yaml
 DEFAULT_SEEDS = (0, 1, 2)
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (``ddof = 1``; ``nan`` for a single value): the one place in the benchmarks
+    where a spread is computed (``tests/test_benchmark_seeds.py`` greps for any other)."""
+    array = np.asarray(values, dtype=float)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else float("nan")
+
+
+def spread_cell(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
+    """``'mean +- std'`` (sample std) of ``values`` times ``scale``; a single value gives ``'value (1 seed)'``."""
+    mean, std = mean_std(values)
+    if len(values) == 1:
+        return f"{scale * mean:.{digits}f} (1 seed)"
+    return f"{scale * mean:.{digits}f} +- {scale * std:.{digits}f}"
+
+
 def quiet_training() -> None:
     """Warnings off and Lightning's logs at ERROR level: a benchmark prints its own tables."""
     warnings.filterwarnings("ignore")
@@ -95,16 +110,11 @@ class Sweep:
 
     def mean_std(self, key: str) -> tuple[float, float]:
         """Mean and sample standard deviation (``ddof = 1``; ``nan`` for a single seed) of ``key``."""
-        values = self.values(key)
-        std = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
-        return float(np.mean(values)), std
+        return mean_std(self.values(key))
 
     def cell(self, key: str, scale: float = 1.0, digits: int = 2) -> str:
         """``'mean +- std'`` of ``key`` times ``scale``; a single seed gives ``'value (1 seed)'``."""
-        mean, std = self.mean_std(key)
-        if len(self.seeds) == 1:
-            return f"{scale * mean:.{digits}f} (1 seed)"
-        return f"{scale * mean:.{digits}f} +- {scale * std:.{digits}f}"
+        return spread_cell(self.values(key), scale, digits)
 
     def save(self, path: str | Path) -> None:
         """Write the seeds and their metrics as JSON, so runs done in separate processes can be merged."""

@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 from dp_overhead import CASES, MODES, build_step
@@ -47,8 +48,36 @@ def busy_ms(events, cuda: bool) -> float:
     return sum(event.self_device_time_total for event in device) / 1000
 
 
-def profile_steps(step, steps: int, device: str, top: int) -> tuple[float, float, str]:
-    """``(busy ms per step, kernel launches per step, table of the top operators)`` over ``steps`` steps."""
+@dataclass(frozen=True)
+class Operator:
+    """One profiler row averaged over the profiled steps: its name, self milliseconds and calls per step."""
+
+    name: str
+    self_ms: float
+    calls: float
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What :func:`profile_steps` measures: busy ms per step, kernel launches per step (0 on CPU) and every
+    operator the steps ran, costliest first. The operator *set* follows from the code the step runs; their order and
+    times follow from the machine's timing, so only the former is fit for an exact comparison."""
+
+    busy_ms: float
+    launches: float
+    operators: tuple[Operator, ...]
+
+    def top(self, count: int) -> tuple[Operator, ...]:
+        """The ``count`` costliest operators (fewer when the steps ran fewer)."""
+        return self.operators[:count]
+
+
+Measured = tuple[float, StepProfile]
+"""A mode's median wall ms per step and its :class:`StepProfile`."""
+
+
+def profile_steps(step, steps: int, device: str) -> StepProfile:
+    """Profile ``steps`` calls of ``step``: busy time (:func:`busy_ms`), kernel launches and operators, per step."""
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as profiler:
@@ -58,9 +87,43 @@ def profile_steps(step, steps: int, device: str, top: int) -> tuple[float, float
             torch.cuda.synchronize()
     events = profiler.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    busy = busy_ms(events, cuda) / steps
+    operators = [Operator(e.key, getattr(e, key) / 1000 / steps, e.count / steps) for e in events]
+    operators.sort(key=lambda operator: operator.self_ms, reverse=True)
     launches = sum(event.count for event in events if event.key.startswith("cudaLaunchKernel")) / steps
-    return busy, launches, events.table(sort_by=key, row_limit=top, max_name_column_width=60)
+    return StepProfile(busy_ms(events, cuda) / steps, launches, tuple(operators))
+
+
+def operator_table(operators: tuple[Operator, ...]) -> str:
+    """One line per operator: name, self ms per step and calls per step, under a header line."""
+    width = max([len("operator")] + [len(operator.name) for operator in operators])
+    lines = [f"  {'operator':<{width}}  self ms/step  calls/step"]
+    lines += [f"  {o.name:<{width}}  {o.self_ms:12.3f}  {o.calls:10.1f}" for o in operators]
+    return "\n".join(lines)
+
+
+def mode_line(mode: str, wall: float, profiled: StepProfile, cuda: bool) -> str:
+    """``<mode>: <wall> ms/step wall, <busy> ms/step busy[, <n> kernel launches/step]`` (launches on CUDA only)."""
+    counted = f", {profiled.launches:.0f} kernel launches/step" if cuda else ""
+    return f"{mode}: {wall:.1f} ms/step wall, {profiled.busy_ms:.1f} ms/step busy{counted}"
+
+
+def measure(case: str, modes: list[str], steps: int, profiled: int, device: str) -> dict[str, Measured]:
+    """``mode -> (median wall ms per step over steps, StepProfile over profiled steps)``, in order, in this process."""
+    results = {}
+    for mode in modes:
+        step = build_step(case, mode, device)
+        results[mode] = (wall_ms(step, steps, device), profile_steps(step, profiled, device))
+    return results
+
+
+def report(results: dict[str, Measured], top: int, cuda: bool) -> str:
+    """Each mode's line (:func:`mode_line`); after each private mode's, the table of its ``top`` operators."""
+    lines = []
+    for mode, (wall, profiled) in results.items():
+        lines.append(mode_line(mode, wall, profiled, cuda))
+        if mode != "non-DP":
+            lines.append(operator_table(profiled.top(top)))
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -76,14 +139,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.backends.cudnn.allow_tf32 = args.cudnn_tf32 == "on"
     print(f"{args.case} on {args.device}, threads: {torch.get_num_threads()}, cuDNN TF32: {args.cudnn_tf32}")
-    for mode in args.modes:
-        step = build_step(args.case, mode, args.device)
-        wall = wall_ms(step, args.steps, args.device)
-        busy, launches, table = profile_steps(step, args.profile_steps, args.device, args.top)
-        counted = f", {launches:.0f} kernel launches/step" if args.device.startswith("cuda") else ""
-        print(f"{mode}: {wall:.1f} ms/step wall, {busy:.1f} ms/step busy{counted}")
-        if mode != "non-DP":
-            print(table)
+    results = measure(args.case, args.modes, args.steps, args.profile_steps, args.device)
+    print(report(results, args.top, args.device.startswith("cuda")))
 
 
 if __name__ == "__main__":

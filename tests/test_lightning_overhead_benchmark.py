@@ -16,6 +16,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_reports_both_fits_times_and_the_ratio_over_the_pairs():
+    """The report line's format, and that the ratio's median lies within its min-max (true of any timings); no time
+    is compared with a value, since times vary from run to run."""
     done = _run("--cases", "cnn_tanh/b2", "--pairs", "2", "--steps", "2", "--warmup", "1")
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip().splitlines()[-1]
@@ -25,8 +27,8 @@ def test_reports_both_fits_times_and_the_ratio_over_the_pairs():
         line,
     )
     assert found, line
-    plain, private, median, low, high = map(float, found.groups())
-    assert plain > 0 and private > 0 and low <= median <= high
+    _, _, median, low, high = map(float, found.groups())
+    assert low <= median <= high
 
 
 def test_a_case_the_script_cannot_build_is_refused_by_name():

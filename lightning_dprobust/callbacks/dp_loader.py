@@ -17,8 +17,8 @@ class PoissonLoaderFactory:
 
     Args:
         sample_rate: inclusion probability; default ``batch_size * world_size / len(dataset)``.
-        mask_seed: returns the (secret) seed of the Poisson masks, the same on every rank; called each time the
-            loader is built.
+        mask_seed: returns the (secret) key of the Poisson masks, the same on every rank (``DPCallback``: 128 bits
+            derived from its root); called each time the loader is built.
         poisson: ``False`` keeps the original loader, which must shuffle uniformly without replacement; the
             accountant then assumes Poisson sampling at rate ``batch_size * world_size / n`` although batches are
             shuffled, which is only an approximation.

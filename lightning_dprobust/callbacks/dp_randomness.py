@@ -16,9 +16,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_dprobust.core.sampling import derive_seed, keyed_generator
+from lightning_dprobust.core.sampling import derive_key, keyed_generator
 
 SECRET_BITS = 128
+SECRET_LABEL = "secret"
+SEEDED_LABEL = "reproducibility mode, seed known: no guarantee against whoever holds the config"
+"""What every privacy record (console, logger, zoo entry) says of a seeded run: the seed is in its config, and from
+it the masks and the noise of every step can be regenerated, so the run's epsilon does not hold against whoever has
+read that config."""
 
 
 class DPRandomness:
@@ -26,9 +31,11 @@ class DPRandomness:
 
     Secret mode (``seed=None``, the default): each ``fit`` draws a fresh ``SECRET_BITS``-bit root from the operating
     system (:mod:`secrets`); under DDP rank 0's root is broadcast so that all ranks draw one global mask per step. The
-    mask of step ``s`` of epoch ``e`` is keyed by ``(root, fit, e, s)`` and the noise of the ``k``-th private step by
-    ``(root, k)`` (:func:`~lightning_dprobust.core.sampling.keyed_generator`: on CPU the generator's whole state is
-    derived from the keys, since a ``manual_seed`` keeps only 32 bits there). The root is never written anywhere: not
+    mask of step ``s`` of epoch ``e`` is keyed by ``(derive_key(root, fit), e, s)`` and the noise of the ``k``-th
+    private step by ``(root, k)`` (:func:`~lightning_dprobust.core.sampling.keyed_generator`: on CPU the generator's
+    whole state is derived from the keys, since a ``manual_seed`` keeps only 32 bits there). Both thus carry the
+    root's 128 bits: recovering a mask or a CPU noise draw means recovering the root (CUDA's generator takes a 64-bit
+    seed, so CUDA noise carries 63 of them). The root is never written anywhere: not
     into checkpoints, logs or released weights. A resumed or repeated ``fit`` therefore draws fresh masks and noise.
     This is deliberate: a checkpoint holding the generator state would let whoever reads it regenerate the noise of
     every step taken (Mersenne Twister and Philox states can be run backwards), subtract it from consecutive
@@ -66,6 +73,11 @@ class DPRandomness:
         """True unless an explicit seed was given."""
         return self.seed is None
 
+    @property
+    def label(self) -> str:
+        """:data:`SECRET_LABEL`, or :data:`SEEDED_LABEL` in seed mode: what a privacy record says of the randomness."""
+        return SECRET_LABEL if self.secret else SEEDED_LABEL
+
     def next_fit(self) -> None:
         """Count a new ``fit`` (call in ``setup``; a resume then restores the count of the run it continues)."""
         self._fit_index += 1
@@ -81,8 +93,9 @@ class DPRandomness:
         self._root = root
 
     def mask_seed(self) -> int:
-        """Seed of this fit's Poisson masks (the same on every rank)."""
-        return derive_seed(self._require_root(), "masks", self._fit_index)
+        """The 128-bit key of this fit's Poisson masks, derived from the whole root (the same on every rank;
+        :func:`~lightning_dprobust.core.sampling.derive_key`)."""
+        return derive_key(self._require_root(), "masks", self._fit_index)
 
     def noise_generator(self, step: int, device: torch.device) -> torch.Generator:
         """A generator on ``device`` for the noise of the ``step``-th private step (counted over the whole ledger)."""

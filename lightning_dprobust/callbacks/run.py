@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lightning_dprobust.callbacks.dp_randomness import SEEDED_LABEL, DPRandomness
 from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
 
 VALIDATION_METRIC = "val/acc"
@@ -57,18 +58,31 @@ class SaveConfigOnce(SaveConfigCallback):
             self.save_config(trainer, pl_module, "fit")
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        config = self.config.as_dict()
-        params = {key: config.get(key) for key in ("dp", "data", "seed_everything")}
         dp = next((callback for callback in trainer.callbacks if hasattr(callback, "ledger")), None)
-        if dp is not None:
-            params["privacy"] = privacy_parameters(dp)
+        params = logged_parameters(self.config.as_dict(), dp)
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
         record_wandb_run_id(trainer)
 
 
+def logged_parameters(config: dict[str, Any], dp: Any | None) -> dict[str, Any]:
+    """What the logger receives: the config's ``dp``, ``data`` and ``seed_everything`` groups and, with a set-up
+    ``DPCallback`` ``dp``, its :func:`privacy_parameters`. A seeded ``dp`` group's ``seed`` is logged with
+    :data:`~lightning_dprobust.callbacks.dp_randomness.SEEDED_LABEL` after it, never as a harmless number."""
+    params = {key: config.get(key) for key in ("dp", "data", "seed_everything")}
+    init_args = (params["dp"] or {}).get("init_args") or {}
+    if init_args.get("seed") is not None:
+        labelled = {**init_args, "seed": f"{init_args['seed']} ({SEEDED_LABEL})"}
+        params["dp"] = {**params["dp"], "init_args": labelled}
+    if dp is not None:
+        params["privacy"] = privacy_parameters(dp)
+    return params
+
+
 def privacy_parameters(dp: Any) -> dict[str, Any]:
-    """A set-up ``DPCallback``'s parameters: clip, noise multiplier, delta, target, accountant, sample rate."""
+    """A set-up ``DPCallback``'s parameters: clip, noise multiplier, delta, target, accountant, sample rate, and its
+    randomness (:attr:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness.label`: secret, or a seeded run's
+    warning that its guarantee does not hold against whoever holds its config)."""
     return {
         "max_grad_norm": dp.max_grad_norm,
         "noise_multiplier": dp.noise_multiplier,
@@ -77,6 +91,7 @@ def privacy_parameters(dp: Any) -> dict[str, Any]:
         "accountant": dp.accountant,
         "sample_rate": dp.loaders.sample_rate,
         "clipping": dp.clipping,
+        "randomness_mode": dp.randomness.label,
     }
 
 
@@ -147,11 +162,19 @@ class LedgerLogger(Callback):
             pl_module.log("privacy/epsilon", owner.epsilon(), rank_zero_only=True)
 
 
+def randomness_label(trainer: L.Trainer, dp: Any | None) -> str | None:
+    """The label of the run's DP randomness (:attr:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness.label`):
+    the DP callback's, else the module's own (generative modules, StoBatch); ``None`` when neither has one."""
+    randomness = getattr(dp if dp is not None else trainer.lightning_module, "randomness", None)
+    return randomness.label if isinstance(randomness, DPRandomness) else None
+
+
 def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
     """One line: epsilon, delta, accountant and steps (or ``no DP``) and the best validation metric; ``dp`` is the
     DP callback or ``None`` (then a module-owned ledger is reported, see :func:`privacy_owner`). A module whose own
     ``ledger`` holds nominal claims only (residual perturbation) is reported as ``no DP guarantee; nominal epsilon X
-    at delta D (source)``, never with a DP epsilon."""
+    at delta D (source)``, never with a DP epsilon. A seeded run's epsilon is followed by
+    :data:`~lightning_dprobust.callbacks.dp_randomness.SEEDED_LABEL`."""
     owner = privacy_owner(trainer, dp)
     if owner is None:
         ledger = getattr(trainer.lightning_module, "ledger", None)
@@ -164,6 +187,8 @@ def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
             f"epsilon {owner.epsilon():.4g} at delta {owner.delta:.3g} ({owner.accountant} accountant), "
             f"{owner.ledger.steps} steps"
         )
+    if owner is not None and randomness_label(trainer, dp) == SEEDED_LABEL:
+        privacy += f", {SEEDED_LABEL}"
     best = next((callback for callback in trainer.callbacks if isinstance(callback, BestValidation)), None)
     if best is None or best.best is None:
         validation = f"no {VALIDATION_METRIC} logged"
@@ -173,8 +198,9 @@ def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
 
 
 def report_fit(trainer: L.Trainer, dp: Any | None) -> None:
-    """Print :func:`fit_summary` on rank zero; with DP, put the final epsilon in the W&B run's summary and, when there
-    are Gaussian steps, write the privacy curve (``privacy_curve.png`` in the run folder) into its images."""
+    """Print :func:`fit_summary` on rank zero; with DP, put the final epsilon and the randomness
+    (:func:`randomness_label`, when known) in the W&B run's summary and, when there are Gaussian steps, write the
+    privacy curve (``privacy_curve.png`` in the run folder) into its images."""
     if not trainer.is_global_zero:
         return
     print(fit_summary(trainer, dp), flush=True)
@@ -192,6 +218,8 @@ def report_fit(trainer: L.Trainer, dp: Any | None) -> None:
             summary["privacy/final_epsilon"] = float(owner.epsilon())
             summary["privacy/delta"] = float(owner.delta)
             summary["privacy/steps"] = int(owner.ledger.steps)
+            if randomness_label(trainer, dp) is not None:
+                summary["privacy/randomness_mode"] = randomness_label(trainer, dp)
             if png is not None:
                 logger.log_image(key="privacy/epsilon_curve", images=[png])
 

@@ -9,9 +9,10 @@ Two modes, chosen by the flags:
   and recall at its thresholds) on the same members and non-members.
 * ``dprobust audit --config CONFIG --canaries M [--epochs N] [--no-dp]``: the one-run audit of Steinke et al. 2023
   (:func:`lightning_dprobust.audit.runner.canary_audit`): prints the claimed epsilon and the empirical lower bound.
-* ``dprobust audit --config CONFIG --white-box [--gradient-canaries M] [--canaries M]``: the white-box one-run audit
-  with Dirac gradient canaries (:func:`lightning_dprobust.audit.white_box_audit`) next to the black-box canary audit
-  (default 200 canaries) and the claimed epsilon.
+* ``dprobust audit --config CONFIG --white-box [--gradient-canaries M] [--canaries M] [--engine auto|ghost|vmap]``:
+  the white-box one-run audit with Dirac gradient canaries (:func:`lightning_dprobust.audit.white_box_audit`) next to
+  the black-box canary audit (default 200 canaries) and the claimed epsilon, both trained with the per-example
+  clipping engine ``--engine`` names (default: the config's ``dp.engine``, else ``auto``).
 
 Usage errors raise ``ValueError`` naming the flag; ``dprobust`` reports them in one line with exit status 2.
 """
@@ -33,8 +34,9 @@ from lightning_dprobust.audit.runner import (
     zoo_recipe,
 )
 from lightning_dprobust.audit.salem import SalemReport, SalemSplit
-from lightning_dprobust.audit.white_box import WhiteBoxReport, white_box_audit
+from lightning_dprobust.audit.white_box import WhiteBoxReport, audited_engine, white_box_audit
 from lightning_dprobust.cli.args import CommandParser, add_output_flags, check_out, resolve_device
+from lightning_dprobust.core.engines import ENGINES
 from lightning_dprobust.data import DATAMODULES
 from lightning_dprobust.recipes import Recipe, load_recipe
 from lightning_dprobust.robustness.reports import log_wandb, markdown_table, write_text
@@ -77,6 +79,11 @@ def _parser() -> CommandParser:
     add("--canaries", type=int, help="one-run audit with this many canaries (needs --config)")
     add("--white-box", action="store_true", help="white-box one-run audit with gradient canaries (needs --config)")
     add("--gradient-canaries", type=int, default=1000, help="--white-box: gradient canaries (default: 1000)")
+    add(
+        "--engine",
+        choices=ENGINES,
+        help="--white-box: per-example clipping engine of the audited runs (default: the config's dp.engine, or auto)",
+    )
     add("--epochs", type=int, help="epochs of every model this command trains (default: the recipe's, else 40)")
     add("--no-dp", action="store_true", help="drop the config's DPCallback (no clipping, no noise)")
     add("--target-epsilon", type=float, help="override the DPCallback's target_epsilon")
@@ -204,13 +211,16 @@ def format_white_box_report(white: WhiteBoxReport, black: CanaryReport, label: s
 
 
 def _white_box_mode(args: argparse.Namespace, device: str) -> None:
+    """Both one-run audits of the config's recipe, each trained with the engine ``--engine`` names, else the one the
+    config names (:func:`~lightning_dprobust.audit.white_box.audited_engine`), so that they audit that engine."""
     recipe, datamodule = load_recipe(args.config)
     recipe = _adjust(recipe, args)
+    recipe = recipe.replace(dp=recipe.dp | {"engine": audited_engine(recipe, args.engine)})
     audit_args = {"beta": args.beta, "delta": args.delta, "device": device}
     white = white_box_audit(recipe, datamodule, args.gradient_canaries, seed=args.seed or 0, **audit_args)
     black = canary_audit(recipe, datamodule, args.canaries or 200, **audit_args)
     config = Path(args.config)
-    summary = format_white_box_report(white, black, f"{config.parent.name}/{config.stem}")
+    summary = format_white_box_report(white, black, f"{config.parent.name}/{config.stem} ({white.engine} engine)")
     print(f"\n{summary}\n")
     print(
         f"claimed epsilon: {_claimed(white.claimed_epsilon)}; empirical lower bounds: white-box "

@@ -30,8 +30,9 @@ class PoissonBatchSampler(Sampler[list[int]]):
         sample_rate: inclusion probability ``q`` of each example at each step.
         steps_per_epoch: number of batches per epoch; default ``max(1, round(1 / q))``, so one epoch sees each
             example once in expectation.
-        seed: the shared secret of the masks (any non-negative int, e.g. 128 random bits); the mask of step ``s`` of
-            epoch ``e`` is a function of ``(seed, e, s)`` only.
+        seed: the shared secret of the masks (any non-negative int; ``DPCallback`` passes a 128-bit key from
+            :func:`derive_key`); the mask of step ``s`` of epoch ``e`` is a function of ``(seed, e, s)`` only, and
+            finding it means finding ``seed``.
         rank: this process' rank.
         world_size: number of data-parallel processes.
 
@@ -90,6 +91,22 @@ class PoissonBatchSampler(Sampler[list[int]]):
             mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate
             selected = mask.nonzero().flatten()
             yield selected[self.rank :: self.world_size].tolist()
+
+
+KEY_BITS = 128
+"""Bits of a key from :func:`derive_key`: as many as the operating-system secret ``DPCallback`` draws."""
+
+
+def derive_key(*keys: int | str) -> int:
+    """A ``KEY_BITS``-bit key from ``keys`` (a secret first, then stream labels and counters), via BLAKE2b.
+
+    Use it where a derived value keys further streams (the first key of :func:`keyed_generator`, the ``seed`` of
+    :class:`PoissonBatchSampler`): it keeps up to ``KEY_BITS`` bits of the secret's entropy, where
+    :func:`derive_seed`'s 63 bits would make every stream keyed from it one of 2^63 whatever the secret's size.
+    Distinct keys give unrelated keys.
+    """
+    digest = hashlib.blake2b(repr(keys).encode(), digest_size=KEY_BITS // 8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def derive_seed(*keys: int | str) -> int:
@@ -179,4 +196,4 @@ def _slice_empty(batch):
     raise TypeError(f"cannot build an empty batch from an element of type {type(batch).__name__}")
 
 
-__all__ = ["EmptySafeCollate", "PoissonBatchSampler", "derive_seed", "keyed_generator"]
+__all__ = ["EmptySafeCollate", "PoissonBatchSampler", "derive_key", "derive_seed", "keyed_generator"]

@@ -199,8 +199,8 @@ def train_and_evaluate_generator(config: dict[str, Any], workdir: Path) -> tuple
 
 def privacy_record(dp: Any) -> dict[str, Any]:
     """The guarantee a fitted ``DPCallback`` (or a generative module, which has the same attributes) gives, as the
-    zoo's ``meta.privacy`` (plain floats and ints)."""
-    return {
+    zoo's ``meta.privacy`` (plain floats and ints), with its randomness (:func:`randomness_record`)."""
+    return randomness_record(dp) | {
         "epsilon": float(dp.epsilon()),
         "delta": float(dp.delta),
         "accountant": dp.accountant,
@@ -211,6 +211,16 @@ def privacy_record(dp: Any) -> dict[str, Any]:
     }
 
 
+def randomness_record(owner: Any) -> dict[str, str]:
+    """``{"randomness_mode": label}`` of ``owner``'s DP randomness when it has one, else ``{}``: ``secret``, or for a
+    seeded run :data:`~lightning_dprobust.callbacks.dp_randomness.SEEDED_LABEL`. The seed itself is not written: the
+    record says that it is known (it is in the recipe config) and what that costs."""
+    from lightning_dprobust.callbacks.dp_randomness import DPRandomness
+
+    randomness = getattr(owner, "randomness", None)
+    return {"randomness_mode": randomness.label} if isinstance(randomness, DPRandomness) else {}
+
+
 def module_privacy_record(trainer: Any) -> dict[str, Any] | None:
     """The guarantee of a module-owned ledger (e.g. StoBatch's pure-DP Laplace releases) as ``meta.privacy``;
     ``None`` for a non-private run. Pure DP has ``delta`` 0 and the accountant ``"laplace"`` (basic composition)."""
@@ -219,7 +229,7 @@ def module_privacy_record(trainer: Any) -> dict[str, Any] | None:
     owner = privacy_owner(trainer)
     if owner is None:
         return nominal_privacy_record(trainer)
-    return {
+    return randomness_record(trainer.lightning_module) | {
         "epsilon": float(owner.epsilon()),
         "delta": float(owner.delta),
         "accountant": owner.accountant if owner.ledger.steps else "laplace",

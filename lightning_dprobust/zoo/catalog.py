@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from torch import nn
 
+from lightning_dprobust.callbacks.dp_randomness import SECRET_LABEL, SEEDED_LABEL
 from lightning_dprobust.models import create_model
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
 
@@ -25,6 +26,8 @@ A generator entry's model is an EHR synthesizer's released artifact (``models/eh
 last layer), its ``model.kwargs`` the artifact's config; its weights are the artifact's state dict."""
 _NEEDS_CLASSIFIER = ("denoiser", "attack")
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sample_rate", "steps")
+RANDOMNESS_LABELS = (SECRET_LABEL, SEEDED_LABEL)
+"""The values of ``meta.privacy.randomness_mode`` (optional: entries built before it was recorded lack it)."""
 ENTRY_KEYS = ("name", "status", "url", "file", "sha256", "model", "preprocessing", "meta")
 META_KEYS = ("dataset", "num_params", "method", "paper", "metrics", "privacy", "smoothing", "recipe")
 RECIPE_META_KEYS = ("target_metrics", "target_citation")
@@ -77,8 +80,9 @@ class Entry:
         preprocessing: what the model expects: ``input_shape``, ``value_range`` ``[0, 1]``, ``normalization:
             model`` (the mean/std standardization is the model's first layer) and the data ``transform``.
         meta: ``dataset``, ``num_params``, ``method``, ``paper``, ``metrics`` (fractions, e.g. ``test_acc``),
-            ``privacy`` (``PRIVACY_KEYS``, ``None`` when not private), ``smoothing`` (``{"sigma": s}`` or
-            ``None``), ``recipe`` (``config``, ``overrides``, ``config_sha256``, ``commit``) and, for recipes,
+            ``privacy`` (``PRIVACY_KEYS``, optionally ``randomness_mode``; ``None`` when not private), ``smoothing``
+            (``{"sigma": s}`` or ``None``), ``recipe`` (``config``, ``overrides``, ``config_sha256``, ``commit``) and,
+            for recipes,
             ``target_metrics`` with ``target_citation`` (paper numbers, kept after a build); optional ``notes``,
             ``robustness`` (the attack a build evaluates) and ``certification`` (``n0``, ``n``, ``alpha``, ``skip``
             of the build's certification, where they differ from the defaults); for denoisers ``classifier``, the zoo
@@ -188,11 +192,7 @@ def _check_meta(meta: Any, status: str, source: str) -> None:
     if not isinstance(meta, dict) or not set(required) <= set(meta) <= set(permitted):
         found = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
         raise catalog_error(source, f"meta needs the keys {list(required)} and allows {list(permitted)}, found {found}")
-    privacy = meta["privacy"]
-    if privacy is not None and (not isinstance(privacy, dict) or set(privacy) != set(PRIVACY_KEYS)):
-        raise catalog_error(
-            source, f"meta.privacy must be null (not private) or have exactly the keys {list(PRIVACY_KEYS)}"
-        )
+    _check_privacy(meta["privacy"], source)
     smoothing = meta["smoothing"]
     if smoothing is not None and (not isinstance(smoothing, dict) or set(smoothing) != {"sigma"}):
         raise catalog_error(source, "meta.smoothing must be null or {sigma: <noise std in pixel units>}")
@@ -210,6 +210,20 @@ def _check_meta(meta: Any, status: str, source: str) -> None:
         raise catalog_error(source, "meta.metrics must be a mapping, with the measured metrics when shipped")
     if not isinstance(meta["recipe"], dict) or not {"config", "commit"} <= set(meta["recipe"]):
         raise catalog_error(source, "meta.recipe needs 'config' (a path under configs/) and 'commit' (git sha or null)")
+
+
+def _check_privacy(privacy: Any, source: str) -> None:
+    """``meta.privacy``: null, or ``PRIVACY_KEYS`` plus optionally ``randomness_mode`` (in ``RANDOMNESS_LABELS``)."""
+    if privacy is None:
+        return
+    if not isinstance(privacy, dict) or set(privacy) - {"randomness_mode"} != set(PRIVACY_KEYS):
+        raise catalog_error(
+            source,
+            f"meta.privacy must be null (not private) or have exactly the keys {list(PRIVACY_KEYS)}, plus optionally "
+            "'randomness_mode'",
+        )
+    if privacy.get("randomness_mode", SECRET_LABEL) not in RANDOMNESS_LABELS:
+        raise catalog_error(source, f"meta.privacy.randomness_mode must be one of {list(RANDOMNESS_LABELS)}")
 
 
 def _check_weights(data: dict[str, Any], source: str) -> None:

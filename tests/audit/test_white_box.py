@@ -11,10 +11,12 @@ import torch
 from lightning_dprobust.audit import white_box_audit
 from lightning_dprobust.audit.faults import replayed_noise
 from lightning_dprobust.audit.white_box import CANARY_GRADIENT_SCALE, canary_scores, with_gradient_canaries
+from lightning_dprobust.callbacks import dp as dp_callback
 from lightning_dprobust.core.accounting import epsilon_for
-from lightning_dprobust.core.per_sample import PerExampleClipper
+from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.methods import DPSGD
 from lightning_dprobust.recipes import load_recipe
+from tests.callbacks.conftest import ENGINE_CLASSES
 
 SIGMA, EPOCHS, CANARIES = 2.0, 3, 1000
 """Accounted noise, epochs and gradient canaries of the audited runs: claimed epsilon about 1.6 at delta 1e-5."""
@@ -37,19 +39,45 @@ def _audit(recipe, datamodule, noise_multiplier: float) -> tuple[float, float]:
     return report.audit.epsilon_lower_bound, claimed
 
 
-def test_a_canary_contributes_exactly_its_clipped_dirac_gradient():
-    method = with_gradient_canaries(DPSGD, num_canaries=5, max_grad_norm=0.5, seed=0)
-    module = method(model="mlp_tanh", model_kwargs={"hidden": 8}, num_classes=10, input_shape=(1, 8, 8))
-    clipper = PerExampleClipper(module, "per_example_loss", max_grad_norm=0.5)
-    batch = (torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long), torch.tensor([3, -1]))
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
+def test_a_canary_contributes_exactly_its_clipped_dirac_gradient(engine):
+    """Under either engine: canary 3 alone gives ``max_grad_norm`` on coordinate 3 of the tap and zero everywhere
+    else; a real example gives zero on the tap."""
+    method = with_gradient_canaries(DPSGD, num_canaries=5, max_grad_norm=0.5)
+    module = method(model="mlp_tanh", model_kwargs={"hidden": 8}, num_classes=10, input_shape=(1, 8, 8)).train()
+    clipper, _ = build_clipper(engine, module, "per_example_loss", 0.5)
+    batch = (torch.rand(2, 1, 8, 8), torch.zeros(2, dtype=torch.long), torch.tensor([3, -1]))
     canary_only = clipper((batch[0][:1], batch[1][:1], batch[2][:1]))
-    flat = torch.cat([g.reshape(-1) for g in canary_only.grads.values()])
-    expected = torch.zeros_like(flat)
-    expected[module.coordinates[3]] = 0.5
-    torch.testing.assert_close(flat, expected, atol=1e-6, rtol=0)
+    expected = {name: torch.zeros_like(p) for name, p in module.named_parameters()}
+    expected["canary_tap.weight"][0, 3] = 0.5
+    torch.testing.assert_close(canary_only.grads, expected, atol=1e-6, rtol=0)
     assert canary_only.norms.item() == pytest.approx(CANARY_GRADIENT_SCALE * 0.5)
-    both = torch.cat([g.reshape(-1) for g in clipper(batch).grads.values()])
-    assert both[module.coordinates[3]] > 0.4 and torch.count_nonzero(both) > 1  # the real example adds its own
+    real_only = clipper((batch[0][1:], batch[1][1:], batch[2][1:]))
+    assert not real_only.grads["canary_tap.weight"].any() and real_only.norms.item() > 0
+
+
+@pytest.mark.parametrize(("given", "configured", "used"), [("ghost", None, "ghost"), (None, "vmap", "vmap")])
+def test_the_audited_run_uses_the_engine_given_else_the_recipes(digits_recipe, monkeypatch, given, configured, used):
+    """The engine the audit names (``engine``, else the recipe's ``dp.engine``) is the one the DPCallback builds."""
+    built = []
+
+    def recording(engine, *args, **kwargs):
+        clipper, choice = build_clipper(engine, *args, **kwargs)
+        built.append((engine, type(clipper)))
+        return clipper, choice
+
+    monkeypatch.setattr(dp_callback, "build_clipper", recording)
+    recipe, datamodule = digits_recipe
+    dp = recipe.dp | ({"engine": configured} if configured else {})
+    report = white_box_audit(recipe.replace(dp=dp, max_epochs=1), datamodule, 20, engine=given)
+    assert report.engine == used and built == [(used, ENGINE_CLASSES[used])]
+    assert len(report.scores["sum"]) == 20 and np.isfinite(report.audit.epsilon_lower_bound)
+
+
+def test_an_unknown_engine_is_refused_by_name(digits_recipe):
+    recipe, datamodule = digits_recipe
+    with pytest.raises(ValueError, match="engine must be one of .* got 'fast'"):
+        white_box_audit(recipe, datamodule, CANARIES, engine="fast")
 
 
 def test_scores_sum_over_steps_and_cancel_repeated_noise():

@@ -8,7 +8,13 @@ from torch.utils.data import TensorDataset
 
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.core import sampling
-from lightning_dprobust.core.sampling import EmptySafeCollate, PoissonBatchSampler, derive_seed, keyed_generator
+from lightning_dprobust.core.sampling import (
+    EmptySafeCollate,
+    PoissonBatchSampler,
+    derive_key,
+    derive_seed,
+    keyed_generator,
+)
 from tests.helpers import seeded_by_32_bits
 
 
@@ -156,3 +162,22 @@ def test_cpu_noise_comes_from_a_generator_keyed_by_the_whole_secret(seed):
     first = torch.randn(16, generator=randomness.noise_generator(3, torch.device("cpu")))
     assert torch.equal(torch.randn(16, generator=randomness.noise_generator(3, torch.device("cpu"))), first)
     assert not torch.equal(torch.randn(16, generator=randomness.noise_generator(4, torch.device("cpu"))), first)
+
+
+def _seeded(seed: int) -> DPRandomness:
+    with pytest.warns(UserWarning, match="reproducibility mode"):
+        randomness = DPRandomness(seed=seed)
+    randomness.start(trainer=type("Trainer", (), {"world_size": 1})())
+    return randomness
+
+
+def test_poisson_masks_are_keyed_by_the_whole_128_bit_root():
+    """The masks' key is 128 bits derived from the whole root, as the noise's keys hold the root itself: two roots
+    that differ only above bit 63 give different masks, and the key is not cut to a 63-bit seed."""
+    low = 2**100 + 3
+    roots = (low, low ^ (1 << 64), low ^ (1 << 127))  # equal in their low 64 bits
+    masks = [list(PoissonBatchSampler(200, 0.2, steps_per_epoch=4, seed=_seeded(root).mask_seed())) for root in roots]
+    assert masks[0] != masks[1] and masks[0] != masks[2] and masks[1] != masks[2]
+    keys = [_seeded(root).mask_seed() for root in roots]
+    assert keys == [derive_key(root, "masks", 0) for root in roots]
+    assert max(key.bit_length() for key in keys) > 64  # a 63-bit seed never is

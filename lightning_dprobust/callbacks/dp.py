@@ -149,6 +149,9 @@ class DPCallback(Callback):
             raise MisconfigurationException(f"DPCallback(clipping={clipping!r}) must be one of {CLIPPING_RULES}")
         if engine not in ENGINES:
             raise MisconfigurationException(f"DPCallback(engine={engine!r}) must be one of {ENGINES}")
+        for flag, value in (("poisson_sampling", poisson_sampling), ("probe", probe)):
+            if not isinstance(value, bool):
+                raise MisconfigurationException(f"DPCallback({flag}={value!r}) must be True or False")
         if on_late_mismatch not in ("raise", "fallback"):
             raise MisconfigurationException(
                 f"DPCallback(on_late_mismatch={on_late_mismatch!r}) must be 'raise' or 'fallback'"
@@ -178,6 +181,7 @@ class DPCallback(Callback):
         self._clipper = None
         self._world_size = 1
         self._rank = 0
+        self._module_id: int | None = None
         self._zero_noise_steps = 0
         self._unbounded_steps = 0
 
@@ -187,6 +191,7 @@ class DPCallback(Callback):
         if stage != "fit":
             return
         check_module(pl_module)
+        self._check_same_model(pl_module)
         check_trainer(trainer, self.poisson_sampling)
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         self.randomness.next_fit()
@@ -203,6 +208,15 @@ class DPCallback(Callback):
             probe=self.probe,
         )
         rank_zero_info(f"DPCallback: per-example clipping engine: {choice}")
+
+    def _check_same_model(self, pl_module: L.LightningModule) -> None:
+        """A callback whose ledger holds steps accounts one model: a second fit of another model would carry them."""
+        if self.ledger.steps and self._module_id not in (None, id(pl_module)):
+            raise MisconfigurationException(
+                f"DPCallback: this callback already accounted {self.ledger.steps} private steps of another model, "
+                "and its ledger would carry them into this one; create a new DPCallback for each model"
+            )
+        self._module_id = id(pl_module)
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -408,7 +422,12 @@ def _validate_arguments(
     def finite_positive(name: str, value: float | None, allow_zero: bool = False) -> None:
         if value is None:
             return
-        ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value >= 0 if allow_zero else value > 0)
+        )
         if not ok:
             bound = ">= 0" if allow_zero else "> 0"
             raise MisconfigurationException(f"DPCallback({name}={value!r}) must be a finite number {bound}")

@@ -75,9 +75,9 @@ def test_reseeding_the_global_rng_in_a_training_step_changes_no_noise(tmp_path):
 
 @pytest.mark.parametrize("seed", [None, 7])
 def test_a_second_fit_with_the_same_callback_draws_fresh_masks_and_noise(tmp_path, seed):
-    callback = DPCallback(noise_multiplier=1.0, seed=seed)
-    noise_a, batches_a = noise_and_batches(tmp_path, callback, max_steps=4)
-    noise_b, batches_b = noise_and_batches(tmp_path, callback, max_steps=4)
+    callback, module = DPCallback(noise_multiplier=1.0, seed=seed), zero_gradient()  # one model, trained on
+    noise_a, batches_a = noise_and_batches(tmp_path, callback, module, max_steps=4)
+    noise_b, batches_b = noise_and_batches(tmp_path, callback, module, max_steps=4)
     assert not set(batches_a) & set(batches_b), "the second fit replayed Poisson masks of the first"
     assert all_different(noise_a, noise_b)
     assert callback.ledger.steps == 8

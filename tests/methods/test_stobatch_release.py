@@ -27,7 +27,7 @@ def leaked(state: dict[str, torch.Tensor]) -> list[str]:
 def test_shipped_stobatch_weights_hold_no_noise():
     zoo = Zoo()
     shipped = [e for e in zoo.list_entries("stobatch_cnn.*") if e.status == "shipped"]
-    assert len(shipped) >= 2
+    assert len(shipped) >= 1
     for entry in shipped:
         state = read_state_dict(zoo.catalog_dir / entry.url)
         assert "net.encoder.weight" in state

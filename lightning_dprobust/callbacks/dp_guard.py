@@ -170,6 +170,13 @@ def gradient_surrogate(parameters: Mapping[str, Tensor], gradients: Mapping[str,
     return sum((parameters[name] * grad).sum() for name, grad in gradients.items())
 
 
+def _same_values(a: Tensor, b: Tensor) -> bool:
+    """Same shape and values, NaN equal to NaN (a buffer may hold NaN from its start)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a, b) or (a.is_floating_point() and bool(torch.isclose(a, b, 0, 0, equal_nan=True).all()))
+
+
 def _optimized_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Tensor]:
     for group in optimizer.param_groups:
         yield from group["params"]
@@ -212,9 +219,7 @@ class BufferWatch:
         names = sorted(now.keys() ^ self._saved.keys())
         for name, (buffer, values) in self._saved.items():
             current = now.get(name)
-            if current is not None and not (
-                current is buffer and current.shape == values.shape and torch.equal(current, values)
-            ):
+            if current is not None and not (current is buffer and _same_values(current, values)):
                 names.append(name)
         return names
 

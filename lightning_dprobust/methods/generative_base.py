@@ -44,6 +44,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 
 from lightning_dprobust.callbacks.dp_checks import check_trainer
+from lightning_dprobust.callbacks.dp_guard import BufferWatch, PrivateStepBypassed, PrivateStepGuard
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import resolve_delta
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
@@ -55,10 +56,6 @@ from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise
 CLIP_MODES = ("per_example", "batch")
 NOMINAL_SOURCE = "generative.nominal_accounting"
 NOMINAL_WARNING = "nominal: NOT a differential-privacy guarantee"
-
-
-class PrivateStepBypassed(RuntimeError):
-    """A private component's optimizer was stepped with a gradient its DP release did not produce."""
 
 
 class GenerativeDPModule(L.LightningModule):
@@ -119,7 +116,9 @@ class GenerativeDPModule(L.LightningModule):
         self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=True)
         self._clippers: dict[tuple[str, str], PerExampleClipper | GhostClipper] = {}
         self._raw_optimizers: list[torch.optim.Optimizer] | None = None
-        self._pending: tuple[str, dict[str, Tensor]] | None = None
+        self._guard = PrivateStepGuard()  # DPCallback's guard: one private release, applied unchanged
+        self._guarded: str | None = None  # the private component whose release the guard holds
+        self._buffer_watch = BufferWatch()
 
     # ------------------------------------------------------------------------------------------- subclass API
     def component_modules(self) -> Mapping[str, Sequence[nn.Module]]:
@@ -184,19 +183,23 @@ class GenerativeDPModule(L.LightningModule):
         self._raw_optimizers = optimizers
         return optimizers
 
-    def _verify_private_step(self, component: str, *_: Any) -> None:
-        """Contract 10: a private component's optimizer applies exactly the gradient :meth:`component_step` made."""
-        expected, self._pending = self._pending, None
-        params = self.component_parameters()[component]
-        if (
-            expected is None
-            or expected[0] != component
-            or any(p.grad is None or not torch.equal(p.grad, expected[1][name]) for name, p in params.items())
-        ):
+    def _verify_private_step(self, component: str, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """Contract 10, with ``DPCallback``'s guard: a private component's optimizer applies exactly the release
+        :meth:`component_step` made for it, to no tensor but the component's, and no buffer changed since the batch
+        started. Runs as the optimizer's step pre-hook: under manual optimization the gradient is in place by then,
+        and nothing runs between the hook and the update."""
+        guarded, self._guarded = self._guarded, None
+        try:
+            if guarded != component:
+                raise PrivateStepBypassed("no release of this component is pending")
+            self._buffer_watch.verify()
+            self._guard.verify_optimizer(optimizer, self.component_parameters()[component])
+        except PrivateStepBypassed as error:
+            self._guard.reset()
             raise PrivateStepBypassed(
                 f"the optimizer of the private component {component!r} was about to apply a gradient that "
-                "component_step did not produce; update private components only through component_step"
-            )
+                f"component_step did not produce ({error}); update private components only through component_step"
+            ) from error
 
     def _optimizer(self, component: str) -> Any:
         index = list(self.component_modules()).index(component)
@@ -228,9 +231,12 @@ class GenerativeDPModule(L.LightningModule):
         optimizer = self._optimizer(component)
         for name, p in params.items():
             p.grad = grads[name]
-        self._pending = (component, grads)
+        if component in self.private_components():
+            self._guard.reset()
+            self._guard.record(grads)
+            self._guarded = component
         optimizer.step()
-        self._pending = None
+        self._guarded = None
         optimizer.zero_grad(set_to_none=True)
         return value.detach()
 
@@ -322,6 +328,9 @@ class GenerativeDPModule(L.LightningModule):
             f"{self.noise_multiplier}, max_grad_norm={self.max_grad_norm}, clip_mode={self.clip_mode}, "
             f"sample_rate={self.loaders.sample_rate:.5f}, delta={self.delta:g}"
         )
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._buffer_watch.snapshot(self)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.record_iteration()

@@ -167,6 +167,26 @@ def test_a_private_optimizer_step_outside_component_step_is_refused():
     generator_optimizer.step()  # public components are not guarded
 
 
+def test_a_tensor_in_a_private_optimizer_outside_the_component_is_refused():
+    module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
+    extra = torch.zeros(3, requires_grad=True)
+    module._raw_optimizers[0].add_param_group({"params": [extra]})
+    with pytest.raises(PrivateStepBypassed, match="not a trainable parameter of the module"):
+        module.component_step("critic", "critic_loss", (torch.randn(4, 4), torch.randn(4, 2)))
+    assert torch.equal(extra, torch.zeros(3))
+
+
+def test_a_buffer_written_during_a_private_iteration_stops_it_and_is_restored():
+    module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
+    module.critic.register_buffer("seen", torch.zeros(()))
+    module.on_train_batch_start(None, 0)
+    x = torch.randn(4, 4)
+    module.critic.seen.copy_(x.mean())  # a statistic of the private batch, outside any release
+    with pytest.raises(PrivateStepBypassed, match="critic.seen"):
+        module.component_step("critic", "critic_loss", (x, torch.randn(4, 2)))
+    assert float(module.critic.seen) == 0.0
+
+
 def test_a_private_component_needs_a_per_example_loss():
     module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
     with pytest.raises(TypeError, match="per-example loss method"):

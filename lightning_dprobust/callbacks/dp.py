@@ -357,6 +357,15 @@ class DPCallback(Callback):
             return math.inf
         return self.ledger.epsilon(delta or self.delta, self.accountant)
 
+    @property
+    def privacy_delta(self) -> float | None:
+        """The delta of the guarantee (:class:`~lightning_dprobust.core.accounting.LedgerOwner`)."""
+        return self.delta
+
+    @property
+    def privacy_accountant(self) -> str:
+        return self.accountant
+
     def _limit(self) -> float:
         return min(limit for limit in (self.target_epsilon, self.epsilon_budget) if limit is not None)
 

@@ -15,7 +15,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.callbacks.dp_randomness import SEEDED_LABEL, DPRandomness
-from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
+from lightning_dprobust.core.accounting import LedgerOwner, PrivacyLedger, epsilon_for
 
 VALIDATION_METRIC = "val/acc"
 """The validation metric the end-of-fit summary reports the best value of."""
@@ -58,7 +58,7 @@ class SaveConfigOnce(SaveConfigCallback):
             self.save_config(trainer, pl_module, "fit")
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        dp = next((callback for callback in trainer.callbacks if hasattr(callback, "ledger")), None)
+        dp = next((callback for callback in trainer.callbacks if isinstance(callback, LedgerOwner)), None)
         params = logged_parameters(self.config.as_dict(), dp)
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
@@ -129,20 +129,19 @@ class ModuleLedger:
 
 
 def privacy_owner(trainer: L.Trainer, dp: Any | None = None) -> Any | None:
-    """What reports the run's privacy: the DP callback, else the LightningModule's ``ledger`` attribute.
+    """What reports the run's privacy: the DP callback, else the LightningModule when it is a
+    :class:`~lightning_dprobust.core.accounting.LedgerOwner`.
 
     A module ledger counts when it composes a guarantee (Gaussian steps or Laplace releases; nominal claims alone are
-    no DP guarantee). It is read at the module's ``privacy_delta`` (default 0: pure DP) with its
-    ``privacy_accountant`` (default the library's). Returns ``None`` for a non-private run.
+    no DP guarantee). It is read at the module's ``privacy_delta`` (``None``: 0, pure DP) with its
+    ``privacy_accountant``. Returns ``None`` for a non-private run.
     """
     if dp is not None:
         return dp
     module = trainer.lightning_module
-    ledger = getattr(module, "ledger", None)
-    if not isinstance(ledger, PrivacyLedger) or not (ledger.steps or ledger.laplace):
+    if not isinstance(module, LedgerOwner) or not (module.ledger.steps or module.ledger.laplace):
         return None
-    delta = float(getattr(module, "privacy_delta", 0.0))
-    return ModuleLedger(ledger, delta, getattr(module, "privacy_accountant", DEFAULT_ACCOUNTANT))
+    return ModuleLedger(module.ledger, float(module.privacy_delta or 0.0), module.privacy_accountant)
 
 
 class LedgerLogger(Callback):
@@ -158,7 +157,7 @@ class LedgerLogger(Callback):
     @staticmethod
     def _log(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         owner = privacy_owner(trainer)
-        if isinstance(owner, ModuleLedger) and not any(hasattr(c, "ledger") for c in trainer.callbacks):
+        if isinstance(owner, ModuleLedger) and not any(isinstance(c, LedgerOwner) for c in trainer.callbacks):
             pl_module.log("privacy/epsilon", owner.epsilon(), rank_zero_only=True)
 
 
@@ -177,8 +176,8 @@ def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
     :data:`~lightning_dprobust.callbacks.dp_randomness.SEEDED_LABEL`."""
     owner = privacy_owner(trainer, dp)
     if owner is None:
-        ledger = getattr(trainer.lightning_module, "ledger", None)
-        nominal = ledger.nominal_summary() if isinstance(ledger, PrivacyLedger) else None
+        module = trainer.lightning_module
+        nominal = module.ledger.nominal_summary() if isinstance(module, LedgerOwner) else None
         privacy = nominal or "no DP (epsilon = inf)"
     elif not owner.ledger.steps:
         privacy = f"epsilon {owner.epsilon():.4g}, pure DP (delta 0: {len(owner.ledger.laplace)} Laplace releases)"

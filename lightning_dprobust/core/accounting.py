@@ -36,7 +36,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from scipy import optimize, special
@@ -398,6 +398,21 @@ def default_delta(num_examples: int) -> float:
         raise ValueError(f"num_examples={num_examples!r} must be a positive int (the training set size)")
     exponent = len(str(10 * int(num_examples) - 1))
     return float(f"1e-{exponent}")
+
+
+@runtime_checkable
+class LedgerOwner(Protocol):
+    """Whatever owns a run's privacy ledger: ``DPCallback`` (and ``TransDenoiserCallback``), or a LightningModule with
+    its own mechanism (StoBatch, residual perturbation, the generative modules). Reports, logs and zoo records find the
+    ledger through this protocol, with the delta and accountant it is read at."""
+
+    ledger: PrivacyLedger
+
+    @property
+    def privacy_delta(self) -> float | None: ...
+
+    @property
+    def privacy_accountant(self) -> str: ...
 
 
 class PrivacyLedger:

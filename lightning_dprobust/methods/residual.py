@@ -8,7 +8,7 @@ from typing import Any, Literal
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from lightning_dprobust.core.accounting import PrivacyLedger
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger
 from lightning_dprobust.core.residual_privacy import PAPER_BOUND, theorem1_epsilon
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.models import create_model
@@ -104,7 +104,8 @@ class ResidualPerturbation(ClassifierModule):
             noise_at_eval=noise_at_eval,
         )
         self.input_noise = input_noise
-        self.ledger = PrivacyLedger()
+        self.ledger = PrivacyLedger()  # nominal claims only (LedgerOwner)
+        self.privacy_delta, self.privacy_accountant = None, DEFAULT_ACCOUNTANT
         self.examples_seen = 0
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.callbacks.guard import refuse_checkpoint_upload
 from lightning_dprobust.core import stobatch as sb
-from lightning_dprobust.core.accounting import PrivacyLedger
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger
 from lightning_dprobust.core.sampling import derive_seed, keyed_generator
 from lightning_dprobust.data.validation import check_batch
 from lightning_dprobust.methods.base import ClassifierModule
@@ -194,7 +194,7 @@ class StoBatch(ClassifierModule):
         # secret training state: in checkpoints, never in released weights
         self.batches = torch.zeros(0, batch_size, dtype=torch.long)
         self.input_draws = torch.zeros(0, *net.input_shape)
-        self.privacy_delta = 0.0
+        self.privacy_delta, self.privacy_accountant = 0.0, DEFAULT_ACCOUNTANT  # LedgerOwner; nominal claims only
 
     @property
     def net(self) -> StoBatchNet:

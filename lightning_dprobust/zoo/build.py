@@ -28,6 +28,7 @@ import torch
 import yaml
 from torch import nn
 
+from lightning_dprobust.core.accounting import LedgerOwner
 from lightning_dprobust.zoo.build_attack import train_and_evaluate_attack
 from lightning_dprobust.zoo.catalog import Entry, ZooError
 from lightning_dprobust.zoo.hub import ZOO_DIR, Zoo, fit_state_dict, sha256_file
@@ -245,10 +246,11 @@ def nominal_privacy_record(trainer: Any) -> dict[str, Any] | None:
     a module that asks for it (``zoo_nominal_privacy = True``: StoBatch with batch normalization); ``None`` otherwise
     (other nominal claims stay ``null`` with a note)."""
     module = trainer.lightning_module
-    ledger = getattr(module, "ledger", None)
-    if not getattr(module, "zoo_nominal_privacy", False) or ledger is None or len(ledger.nominal) != 1:
+    if not (isinstance(module, LedgerOwner) and getattr(module, "zoo_nominal_privacy", False)):
         return None
-    claim = ledger.nominal[0]
+    if len(module.ledger.nominal) != 1:
+        return None
+    claim = module.ledger.nominal[0]
     return {
         "epsilon": claim.epsilon,
         "delta": claim.delta,

@@ -16,14 +16,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_dprobust.core.sampling import derive_key, keyed_generator
+from lightning_dprobust.core.sampling import SECRET_LABEL, SEEDED_LABEL, derive_key, keyed_generator
 
 SECRET_BITS = 128
-SECRET_LABEL = "secret"
-SEEDED_LABEL = "reproducibility mode, seed known: no guarantee against whoever holds the config"
-"""What every privacy record (console, logger, zoo entry) says of a seeded run: the seed is in its config, and from
-it the masks and the noise of every step can be regenerated, so the run's epsilon does not hold against whoever has
-read that config."""
 
 
 class DPRandomness:

@@ -68,7 +68,7 @@ class SaveConfigOnce(SaveConfigCallback):
 def logged_parameters(config: dict[str, Any], dp: Any | None) -> dict[str, Any]:
     """What the logger receives: the config's ``dp``, ``data`` and ``seed_everything`` groups and, with a set-up
     ``DPCallback`` ``dp``, its :func:`privacy_parameters`. A seeded ``dp`` group's ``seed`` is logged with
-    :data:`~lightning_dprobust.callbacks.dp_randomness.SEEDED_LABEL` after it, never as a harmless number."""
+    :data:`~lightning_dprobust.core.sampling.SEEDED_LABEL` after it, never as a harmless number."""
     params = {key: config.get(key) for key in ("dp", "data", "seed_everything")}
     init_args = (params["dp"] or {}).get("init_args") or {}
     if init_args.get("seed") is not None:
@@ -173,7 +173,7 @@ def fit_summary(trainer: L.Trainer, dp: Any | None) -> str:
     DP callback or ``None`` (then a module-owned ledger is reported, see :func:`privacy_owner`). A module whose own
     ``ledger`` holds nominal claims only (residual perturbation) is reported as ``no DP guarantee; nominal epsilon X
     at delta D (source)``, never with a DP epsilon. A seeded run's epsilon is followed by
-    :data:`~lightning_dprobust.callbacks.dp_randomness.SEEDED_LABEL`."""
+    :data:`~lightning_dprobust.core.sampling.SEEDED_LABEL`."""
     owner = privacy_owner(trainer, dp)
     if owner is None:
         module = trainer.lightning_module

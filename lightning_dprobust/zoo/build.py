@@ -214,7 +214,7 @@ def privacy_record(dp: Any) -> dict[str, Any]:
 
 def randomness_record(owner: Any) -> dict[str, str]:
     """``{"randomness_mode": label}`` of ``owner``'s DP randomness when it has one, else ``{}``: ``secret``, or for a
-    seeded run :data:`~lightning_dprobust.callbacks.dp_randomness.SEEDED_LABEL`. The seed itself is not written: the
+    seeded run :data:`~lightning_dprobust.core.sampling.SEEDED_LABEL`. The seed itself is not written: the
     record says that it is known (it is in the recipe config) and what that costs."""
     from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 

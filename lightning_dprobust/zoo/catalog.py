@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from torch import nn
 
-from lightning_dprobust.callbacks.dp_randomness import SECRET_LABEL, SEEDED_LABEL
+from lightning_dprobust.core.sampling import SECRET_LABEL, SEEDED_LABEL
 from lightning_dprobust.models import create_model
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
 

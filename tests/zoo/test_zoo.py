@@ -354,5 +354,4 @@ def test_the_embedded_data_entries_are_shipped():
         "rp1_en5_digits",
         "rp2_en1_digits",
         "rp2_en5_digits",
-        "stobatch_digits_eps8",  # eps 0.5 and 2 do not learn with per-batch input noise: recipes
     }

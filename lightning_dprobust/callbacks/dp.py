@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_dprobust.callbacks.dp_arguments import check_choice, check_flag, check_mechanism, check_number
 from lightning_dprobust.callbacks.dp_checks import (
     check_accumulation,
     check_module,
@@ -33,8 +34,8 @@ from lightning_dprobust.callbacks.dp_guard import (
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, resolve_delta, steps_within_budget
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
-from lightning_dprobust.core.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger
-from lightning_dprobust.core.engines import ENGINES, build_clipper
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger
+from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.per_sample import CLIPPING_RULES, add_noise_and_scale_
 
 
@@ -143,19 +144,12 @@ class DPCallback(Callback):
         probe: bool = False,
     ) -> None:
         _validate_arguments(
-            max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate
+            max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate, engine
         )
-        if clipping not in CLIPPING_RULES:
-            raise MisconfigurationException(f"DPCallback(clipping={clipping!r}) must be one of {CLIPPING_RULES}")
-        if engine not in ENGINES:
-            raise MisconfigurationException(f"DPCallback(engine={engine!r}) must be one of {ENGINES}")
-        for flag, value in (("poisson_sampling", poisson_sampling), ("probe", probe)):
-            if not isinstance(value, bool):
-                raise MisconfigurationException(f"DPCallback({flag}={value!r}) must be True or False")
-        if on_late_mismatch not in ("raise", "fallback"):
-            raise MisconfigurationException(
-                f"DPCallback(on_late_mismatch={on_late_mismatch!r}) must be 'raise' or 'fallback'"
-            )
+        check_choice("DPCallback", "clipping", clipping, CLIPPING_RULES)
+        check_choice("DPCallback", "on_late_mismatch", on_late_mismatch, ("raise", "fallback"))
+        check_flag("DPCallback", "poisson_sampling", poisson_sampling)
+        check_flag("DPCallback", "probe", probe)
         self.engine = engine
         self.on_late_mismatch = on_late_mismatch
         self.probe = probe
@@ -426,27 +420,16 @@ class DPCallback(Callback):
 
 
 def _validate_arguments(
-    max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate
+    max_grad_norm, noise_multiplier, target_epsilon, delta, accountant, epsilon_budget, sample_rate, engine
 ) -> None:
-    def finite_positive(name: str, value: float | None, allow_zero: bool = False) -> None:
-        if value is None:
-            return
-        ok = (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and (value >= 0 if allow_zero else value > 0)
-        )
-        if not ok:
-            bound = ">= 0" if allow_zero else "> 0"
-            raise MisconfigurationException(f"DPCallback({name}={value!r}) must be a finite number {bound}")
-
-    finite_positive("max_grad_norm", max_grad_norm)
-    finite_positive("noise_multiplier", noise_multiplier, allow_zero=True)
-    finite_positive("target_epsilon", target_epsilon)
-    finite_positive("epsilon_budget", epsilon_budget)
-    finite_positive("delta", delta)
-    finite_positive("sample_rate", sample_rate)
+    check_mechanism("DPCallback", max_grad_norm, noise_multiplier, accountant, engine)
+    for name, value in (
+        ("target_epsilon", target_epsilon),
+        ("epsilon_budget", epsilon_budget),
+        ("delta", delta),
+        ("sample_rate", sample_rate),
+    ):
+        check_number("DPCallback", name, value)
     if (noise_multiplier is None) == (target_epsilon is None):
         raise MisconfigurationException(
             "DPCallback needs exactly one of noise_multiplier or target_epsilon "
@@ -456,8 +439,6 @@ def _validate_arguments(
         raise MisconfigurationException(f"DPCallback(delta={delta}) must be < 1 (typically 1/(10 n))")
     if sample_rate is not None and sample_rate > 1:
         raise MisconfigurationException(f"DPCallback(sample_rate={sample_rate}) must be <= 1")
-    if accountant not in ACCOUNTANTS:
-        raise MisconfigurationException(f"DPCallback(accountant={accountant!r}) must be one of {ACCOUNTANTS}")
     if noise_multiplier == 0:
         rank_zero_warn("DPCallback(noise_multiplier=0): clipping only, NO privacy guarantee (epsilon = inf)")
 

@@ -43,13 +43,14 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 
+from lightning_dprobust.callbacks.dp_arguments import check_choice, check_mechanism, check_number
 from lightning_dprobust.callbacks.dp_checks import check_trainer
 from lightning_dprobust.callbacks.dp_guard import BufferWatch, PrivateStepBypassed, PrivateStepGuard
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import resolve_delta
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
-from lightning_dprobust.core.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
-from lightning_dprobust.core.engines import ENGINES, build_clipper
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
+from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like
 
@@ -98,7 +99,7 @@ class GenerativeDPModule(L.LightningModule):
         engine: str = "vmap",
     ) -> None:
         super().__init__()
-        _validate(noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay, engine)
+        _validate(type(self).__name__, noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay, engine)
         self.engine = engine
         self.automatic_optimization = False
         self.noise_multiplier = noise_multiplier
@@ -408,20 +409,11 @@ def _all_reduce(grads: dict[str, Tensor], mean: bool) -> dict[str, Tensor]:
     return out
 
 
-def _validate(noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay, engine) -> None:
-    if noise_multiplier is not None and not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-        raise MisconfigurationException(
-            f"noise_multiplier must be a finite number >= 0 or None, got {noise_multiplier}"
-        )
-    if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
-        raise MisconfigurationException(f"max_grad_norm must be a positive finite number, got {max_grad_norm}")
-    if clip_mode not in CLIP_MODES:
-        raise MisconfigurationException(f"clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}")
-    if accountant not in ACCOUNTANTS:
-        raise MisconfigurationException(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-    if not 0 < lr_decay <= 1:
-        raise MisconfigurationException(f"lr_decay must lie in (0, 1], got {lr_decay}")
-    if engine not in ENGINES:
-        raise MisconfigurationException(f"engine must be one of {ENGINES}, got {engine!r}")
+def _validate(owner, noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay, engine) -> None:
+    check_mechanism(owner, max_grad_norm, noise_multiplier, accountant, engine)
+    check_choice(owner, "clip_mode", clip_mode, CLIP_MODES)
+    check_number(owner, "lr_decay", lr_decay, allow_none=False)
+    if lr_decay > 1:
+        raise MisconfigurationException(f"{owner}(lr_decay={lr_decay!r}) must lie in (0, 1]")
     if noise_multiplier == 0:
-        rank_zero_warn("noise_multiplier=0: clipping only, NO privacy guarantee (epsilon = inf)")
+        rank_zero_warn(f"{owner}(noise_multiplier=0): clipping only, NO privacy guarantee (epsilon = inf)")

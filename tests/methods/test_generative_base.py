@@ -196,11 +196,11 @@ def test_a_private_component_needs_a_per_example_loss():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"noise_multiplier": -1.0}, "noise_multiplier must be"),
-        ({"max_grad_norm": math.inf}, "max_grad_norm must be"),
-        ({"clip_mode": "micro"}, "clip_mode must be one of"),
-        ({"accountant": "moments"}, "accountant must be one of"),
-        ({"lr_decay": 0.0}, "lr_decay must lie in"),
+        ({"noise_multiplier": -1.0}, r"noise_multiplier=-1.0\) must be a finite number >= 0 or None"),
+        ({"max_grad_norm": math.inf}, r"max_grad_norm=inf\) must be a finite number > 0"),
+        ({"clip_mode": "micro"}, r"clip_mode=.micro.\) must be one of"),
+        ({"accountant": "moments"}, r"accountant=.moments.\) must be one of"),
+        ({"lr_decay": 0.0}, r"lr_decay=0.0\) must be a finite number > 0"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(kwargs, message):

@@ -201,7 +201,7 @@ def test_fit_accounts_every_iteration_at_sigma_over_sqrt_k(tmp_path):
         ({"variant": "igamt_plus"}, "variant must be one of"),
         ({"critic_freq_base": 1, "critic_freq_hit": 2}, "critic_freq_hit <= critic_freq_base"),
         ({"static_continuous": 5}, "static layout needs 7 slots"),
-        ({"clip_mode": "micro"}, "clip_mode must be one of"),
+        ({"clip_mode": "micro"}, r"clip_mode=.micro.\) must be one of"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(kwargs, message):

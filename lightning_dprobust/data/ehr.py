@@ -11,17 +11,23 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from lightning_dprobust.data import ehr_csv, ehr_mimic, ehr_synthetic
 from lightning_dprobust.data.base import resolve_data_dir
 from lightning_dprobust.data.ehr_csv import read_long_csv
 from lightning_dprobust.data.ehr_mimic import VITALS, read_mimic_iv_ed
 from lightning_dprobust.data.ehr_records import RawRecord, encode, fit_schema
-from lightning_dprobust.data.ehr_schema import EHRSchema
+from lightning_dprobust.data.ehr_schema import EHRSchema, check_scaling
 from lightning_dprobust.data.ehr_synthetic import GENDERS, MEDICAL, RACES, synthetic_records
 from lightning_dprobust.data.splits import check_fraction, split_groups
 
 SOURCES = ("synthetic", "csv", "mimic_iv_ed")
 STATIC_CONTINUOUS = ("start_time", "age")
 STATIC_CATEGORICAL = {"gender": GENDERS, "race": RACES}
+PRIVACY_UNITS = {
+    "synthetic": ehr_synthetic.PRIVACY_UNIT,
+    "csv": ehr_csv.PRIVACY_UNIT,
+    "mimic_iv_ed": ehr_mimic.PRIVACY_UNIT,
+}
 
 
 class EHRDataModule(L.LightningDataModule):
@@ -41,12 +47,22 @@ class EHRDataModule(L.LightningDataModule):
     * ``"mimic_iv_ed"``: PhysioNet MIMIC-IV-ED's ``edstays.csv``, ``triage.csv`` and ``vitalsign.csv`` in
       ``data_dir`` (credentialed; never shipped), F = 9 (:func:`~lightning_dprobust.data.ehr_mimic.read_mimic_iv_ed`).
 
-    Guarantees: the split is by patient (no patient in two splits), a deterministic function of ``seed``; every scaler
-    (and the categories of CSV static columns) comes from the training split alone, so validation and test records
-    never change the training tensors or the schema. Those statistics are not differentially private: pass public
-    ``ranges`` (and, for a CSV, public ``categories``) to keep the training set's extremes and rare categories out
-    of anything released with the schema; with a public range for every scaled feature and public categories, the
-    schema does not depend on the data at all.
+    Scaling (``scaling``, DESIGN.md contract 12): ``"public"`` (default) scales every feature with a declared range:
+    ``ranges``, else the source's (:func:`~lightning_dprobust.data.ehr_synthetic.declared_ranges`,
+    :data:`~lightning_dprobust.data.ehr_mimic.DECLARED_RANGES`; a CSV has none, so it needs ``ranges`` for every
+    scaled feature and ``categories`` for every discrete column). ``"train"`` is the thesis's preprocessing: features
+    without a given range take the training split's min/max (a CSV's categories those seen there), which reads the
+    private records outside any DP mechanism; ``schema.data_derived`` names them, IGAMT and its baselines refuse them
+    under ``strict_dp`` and otherwise report a nominal epsilon.
+
+    Privacy unit (``schema.privacy_unit``): one record. Synthetic and CSV records are one patient each; MIMIC-IV-ED
+    records are **per ED stay**, so a patient with ``k`` stays is covered only at group size ``k``.
+
+    Guarantees: the split is by patient (no patient in two splits), a deterministic function of ``seed``. With
+    ``scaling="public"`` a training record's tensor is a function of that record alone (adding or removing another
+    record changes it in no way) and the schema does not depend on the data. With ``scaling="train"`` the scalers
+    come from the training split only (validation and test records never change them) but every training tensor
+    depends on the other training records' extremes.
 
     Args:
         source: one of ``"synthetic"``, ``"csv"``, ``"mimic_iv_ed"``.
@@ -56,10 +72,11 @@ class EHRDataModule(L.LightningDataModule):
         num_steps: temporal steps per record (the thesis's 50).
         num_records: records of the synthetic source.
         synthetic_seed: seed of the synthetic generator (fixed, so every training seed sees the same data).
-        ranges: public ``(low, high)`` by feature name replacing the training min/max (``"time_increment"``,
-            ``"age"``, ...).
-        categories: public categories of the CSV's discrete static columns, by column (default: those seen in the
-            training split).
+        ranges: public ``(low, high)`` by feature name (``"time_increment"``, ``"age"``, ...), taking precedence over
+            the source's declared ranges (``"public"``) or the training min/max (``"train"``).
+        categories: public categories of the CSV's discrete static columns, by column (with ``scaling="train"``,
+            default: those seen in the training split).
+        scaling: ``"public"`` (declared ranges only) or ``"train"`` (the thesis's training min/max; not DP).
         val_fraction: fraction of the records (whole patients) held out for validation.
         test_fraction: fraction of the records (whole patients) held out for testing.
         batch_size: training batch size (with ``DPCallback``: the expected Poisson batch size).
@@ -87,6 +104,7 @@ class EHRDataModule(L.LightningDataModule):
         synthetic_seed: int = 0,
         ranges: Mapping[str, tuple[float, float]] | None = None,
         categories: Mapping[str, list[str]] | None = None,
+        scaling: str = "public",
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         batch_size: int = 64,
@@ -114,6 +132,7 @@ class EHRDataModule(L.LightningDataModule):
         self.num_records, self.synthetic_seed = num_records, synthetic_seed
         self.ranges = dict(ranges or {})
         self.categories = dict(categories or {})
+        self.scaling = check_scaling(scaling)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.seed = num_workers, seed
@@ -125,7 +144,7 @@ class EHRDataModule(L.LightningDataModule):
 
     @property
     def schema(self) -> EHRSchema:
-        """The layout and train-set scalers (reads and splits the data on first use)."""
+        """The layout, scalers and privacy unit (reads and splits the data on first use)."""
         self.setup()
         assert self._schema is not None
         return self._schema
@@ -146,11 +165,28 @@ class EHRDataModule(L.LightningDataModule):
         self.records = {
             name: [records[i] for i in index] for name, index in (("train", train), ("val", val), ("test", test))
         }
-        schema = fit_schema(self.records["train"], medical, continuous, categorical, self.num_steps, self.ranges)
+        scaled = ("time_increment", *medical, *continuous)
+        ranges = {**{k: v for k, v in self._declared_ranges().items() if k in scaled}, **self.ranges}
+        schema = fit_schema(
+            self.records["train"],
+            medical,
+            continuous,
+            categorical,
+            self.num_steps,
+            ranges,
+            scaling=self.scaling,
+            privacy_unit=PRIVACY_UNITS[self.source],
+        )
         self.train_set, self.val_set, self.test_set = (
             TensorDataset(*encode(self.records[name], schema)) for name in ("train", "val", "test")
         )
         self._schema = schema
+
+    def _declared_ranges(self) -> dict[str, tuple[float, float]]:
+        """The source's public ranges under ``scaling="public"`` (none for a CSV); none under ``"train"``."""
+        if self.scaling != "public" or self.source == "csv":
+            return {}
+        return ehr_synthetic.declared_ranges() if self.source == "synthetic" else dict(ehr_mimic.DECLARED_RANGES)
 
     def _read(self) -> tuple[list[RawRecord], tuple[str, ...], tuple[str, ...], dict]:
         """All records, the medical feature names, the continuous and the categorical static features."""
@@ -201,7 +237,7 @@ def check_ehr_batch(x: Tensor, m: Tensor, schema: EHRSchema) -> None:
     if not (x.is_floating_point() and m.is_floating_point()):
         raise ValueError(f"EHR batch dtypes {x.dtype} and {m.dtype}: x and m must be float tensors")
     if not torch.isfinite(x).all() or x.min() < 0 or x.max() > 1:
-        raise ValueError("EHR values must be finite and in [0, 1]: scale them with the training split's min/max")
+        raise ValueError("EHR values must be finite and in [0, 1]: scale them with the schema's ranges")
     if ((m != 0) & (m != 1)).any():
         raise ValueError("EHR mask values must be 0 (missing) or 1 (observed)")
     if (x[m == 0] != 0).any():

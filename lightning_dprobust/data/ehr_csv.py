@@ -15,6 +15,7 @@ from lightning_dprobust.data.base import DatasetNotFoundError
 from lightning_dprobust.data.ehr_records import RawRecord
 
 COLUMNS = ("patient", "time", "feature", "value")
+PRIVACY_UNIT = "per patient (all rows of one 'patient' value form one record)"
 
 
 @dataclass

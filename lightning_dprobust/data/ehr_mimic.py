@@ -1,6 +1,11 @@
 """PhysioNet MIMIC-IV-ED (Johnson et al. 2023, PhysioNet, doi:10.13026/5ntk-km72) as raw EHR records: one record per
 emergency-department stay, as IGAMT uses it (Tang, PhD thesis, Emory University 2021, section 4.3.2).
 
+Privacy unit: **per ED stay** (:data:`PRIVACY_UNIT`). DP-SGD samples and clips records, so a guarantee on these
+records protects one stay; a patient (``subject_id``) with ``k`` stays is protected only at group size ``k`` (epsilon
+roughly ``k`` times larger). The split keeps a patient's stays together, which keeps evaluation honest but does not
+change that unit.
+
 The data are credentialed and never shipped: put the module's ``ed/`` files in ``data_dir``.
 """
 
@@ -46,6 +51,23 @@ REQUIRED = {
 VITALS = ("temperature", "resprate", "o2sat", "heartrate", "pain", "dbp", "sbp", "acuity")
 """The 8 temporal medical features (F = 9 with the time increment); heart rate is #4 and SBP #7 as in the thesis."""
 UNKNOWN_RACE = ("UNKNOWN", "UNABLE", "DECLINED")
+PRIVACY_UNIT = "per ED stay (stay_id): a patient (subject_id) with k stays is covered only at group size k"
+DECLARED_RANGES = {
+    "time_increment": (0.0, 24.0),
+    "start_time": (0.0, 366.0),
+    "age": (18.0, 100.0),
+    "temperature": (90.0, 108.0),
+    "resprate": (0.0, 60.0),
+    "o2sat": (50.0, 100.0),
+    "heartrate": (20.0, 220.0),
+    "pain": (0.0, 10.0),
+    "dbp": (20.0, 160.0),
+    "sbp": (50.0, 250.0),
+    "acuity": (1.0, 5.0),
+}
+"""Public ranges of the scaled features in MIMIC-IV-ED's units (hours, day of the year, years, degrees Fahrenheit,
+breaths and beats per minute, %, the 0-10 pain scale, mmHg, the 1-5 ESI acuity): physiological and administrative
+limits chosen without looking at the data. Values outside are clipped to the ends."""
 
 SOURCE = DatasetSource(
     title="MIMIC-IV-ED",
@@ -119,7 +141,8 @@ def _statics(stays: pd.DataFrame, patients: pd.DataFrame | None) -> pd.DataFrame
 
 
 def read_mimic_iv_ed(data_dir: str | Path) -> tuple[list[RawRecord], tuple[str, ...]]:
-    """One :class:`RawRecord` per ED stay (grouped by ``subject_id``), and the continuous static features.
+    """One :class:`RawRecord` per ED stay (grouped by ``subject_id``; the privacy unit is the stay, see the module
+    docstring), and the continuous static features.
 
     Steps: the triage vitals at ``intime`` (time 0, the only step with ``acuity``), then every ``vitalsign.csv`` row at
     its ``charttime``; times are hours since ``intime``. Features (:data:`VITALS`): temperature, resprate, o2sat,

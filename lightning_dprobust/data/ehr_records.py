@@ -2,21 +2,23 @@
 "Deep Learning with Differential Privacy and Adversarial Robustness", PhD thesis, Emory University 2021).
 
 Every reader (synthetic generator, long-format CSV, MIMIC-IV-ED) produces :class:`RawRecord` objects; one function
-fits the scalers on the training records (:func:`fit_schema`) and one turns any records into tensors with them
-(:func:`encode`), so all sources are preprocessed identically.
+sets the scalers (:func:`fit_schema`: declared public ranges by default, the training records' min/max only when
+asked) and one turns any records into tensors with them (:func:`encode`), so all sources are preprocessed
+identically.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_dprobust.data.ehr_schema import EHRSchema, StaticField, scale
+from lightning_dprobust.data.ehr_schema import EHRSchema, StaticField, check_scaling, scale
 
 
 @dataclass
@@ -41,17 +43,39 @@ def _present(value: float | str | None) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
-def _range(values: np.ndarray, name: str, ranges: Mapping[str, tuple[float, float]]) -> tuple[float, float]:
-    """The public range given for ``name``, else the min and max of the training values (NaN ignored)."""
+def _range(
+    values: Callable[[], np.ndarray], name: str, ranges: Mapping[str, tuple[float, float]], scaling: str
+) -> tuple[float, float]:
+    """The declared range of ``name``; with ``scaling="train"`` and none declared, the min and max of the training
+    ``values()`` (NaN ignored), which are read only then."""
     if name in ranges:
         low, high = ranges[name]
         if not high > low:
             raise ValueError(f"ranges['{name}'] = ({low}, {high}): the upper end must exceed the lower one")
         return float(low), float(high)
-    finite = values[~np.isnan(values)]
+    if scaling == "public":
+        raise ValueError(
+            f"feature '{name}' has no declared range, and scaling='public' never reads one from the private records: "
+            f"pass ranges={{'{name}': (low, high)}} from public knowledge"
+        )
+    finite = (column := values())[~np.isnan(column)]
     if not len(finite):
         raise ValueError(f"feature '{name}' is never observed in the training split: drop it or give its range")
     return float(finite.min()), float(finite.max())
+
+
+def _categories(train: Sequence[RawRecord], name: str, categories: Sequence[str] | None, scaling: str) -> list[str]:
+    """The declared ``categories`` of ``name``; with ``scaling="train"`` and none declared, those seen in ``train``."""
+    if categories is None and scaling == "public":
+        raise ValueError(
+            f"static feature '{name}' has no declared categories, and scaling='public' never reads them from the "
+            f"private records: pass categories={{'{name}': [...]}}"
+        )
+    if categories is None:
+        categories = sorted({str(r.static[name]) for r in train if _present(r.static.get(name))})
+    if not categories:
+        raise ValueError(f"static feature '{name}' is never observed in the training split: drop it")
+    return [str(c) for c in categories]
 
 
 def increments(times: np.ndarray) -> np.ndarray:
@@ -67,21 +91,36 @@ def fit_schema(
     num_steps: int = 50,
     ranges: Mapping[str, tuple[float, float]] | None = None,
     time_unit: str = "hours",
+    scaling: str = "public",
+    privacy_unit: str = "per record",
 ) -> EHRSchema:
-    """Fit the min-max scalers on the **training** records only and lay out step 0.
+    """Lay out step 0 and set the min-max scalers: declared ranges, or the **training** records' min/max.
+
+    Guarantee: with ``scaling="public"`` the schema is a function of the arguments other than ``train`` (which is
+    then only checked, never read for a statistic), so adding or removing a training record changes no other record's
+    tensor. With ``scaling="train"`` it is not: the records' extremes and categories enter every tensor, and
+    :attr:`EHRSchema.data_derived` names the features concerned.
 
     Args:
         train: the training records (truncated to ``num_steps`` before the statistics are taken).
         medical: names of the ``F - 1`` temporal medical features, in the column order of ``values``.
         continuous: static features min-max scaled into one slot each (first in step 0).
-        categorical: static features one-hot encoded, with their categories; ``None`` takes the categories seen in
-            the training records, sorted.
+        categorical: static features one-hot encoded, with their declared categories; ``None`` (only with
+            ``scaling="train"``) takes the categories seen in the training records, sorted.
         num_steps: temporal steps per record.
-        ranges: public ``(low, high)`` ranges by feature name (``"time_increment"`` for the time feature) that
-            replace the training set's min/max; then those scalers reveal nothing about the data.
+        ranges: declared ``(low, high)`` ranges by feature name (``"time_increment"`` for the time feature); with
+            ``scaling="public"`` every scaled feature needs one. Values outside a range are clipped to its ends.
         time_unit: the unit of ``times``.
+        scaling: ``"public"`` (declared ranges and categories only) or ``"train"`` (the thesis: the training
+            records' min/max and categories where none is declared; not covered by any DP guarantee).
+        privacy_unit: what one record is (:attr:`EHRSchema.privacy_unit`).
+
+    Raises:
+        ValueError: a declared range is empty or names no feature; with ``scaling="public"``, a scaled feature
+            without a range or a discrete one without categories (the message says what to pass).
     """
     ranges = dict(ranges or {})
+    check_scaling(scaling)
     names = ("time_increment", *medical)
     unknown = sorted(set(ranges) - set(names) - set(continuous))
     if unknown:
@@ -89,22 +128,18 @@ def fit_schema(
             f"ranges for {unknown}: not a feature of this data; give ranges of {', '.join((*names, *continuous))}"
         )
     cut = [(record.times[:num_steps], record.values[:num_steps]) for record in train]
-    columns = [np.concatenate([increments(times) for times, _ in cut])]
-    columns += [np.concatenate([values[:, j] for _, values in cut]) for j in range(len(medical))]
-    bounds = [_range(column, name, ranges) for name, column in zip(names, columns, strict=True)]
+    bounds = [_range(partial(_temporal_column, cut, j), name, ranges, scaling) for j, name in enumerate(names)]
     fields, slot = [], 0
     for name in continuous:
-        seen = [float(r.static[name]) if _present(r.static.get(name)) else math.nan for r in train]
-        low, high = _range(np.array(seen, dtype=np.float64), name, ranges)
+        low, high = _range(partial(_static_column, train, name), name, ranges, scaling)
         fields.append(StaticField(name, slot, low=low, high=high))
         slot += 1
     for name, categories in (categorical or {}).items():
-        if categories is None:
-            categories = sorted({str(r.static[name]) for r in train if _present(r.static.get(name))})
-        if not categories:
-            raise ValueError(f"static feature '{name}' is never observed in the training split: drop it")
-        fields.append(StaticField(name, slot, categories=tuple(str(c) for c in categories)))
-        slot += len(categories)
+        chosen = _categories(train, name, categories, scaling)
+        fields.append(StaticField(name, slot, categories=tuple(chosen)))
+        slot += len(chosen)
+    derived = [name for name in (*names, *continuous) if name not in ranges]
+    derived += [name for name, categories in (categorical or {}).items() if categories is None]
     return EHRSchema(
         feature_names=names,
         static=tuple(fields),
@@ -112,7 +147,22 @@ def fit_schema(
         temporal_high=tuple(high for _, high in bounds),
         num_steps=num_steps,
         time_unit=time_unit,
+        data_derived=tuple(derived),
+        privacy_unit=privacy_unit,
     )
+
+
+def _temporal_column(cut: Sequence[tuple[np.ndarray, np.ndarray]], j: int) -> np.ndarray:
+    """Temporal feature ``j`` (0: the time increment) of every (truncated) training record, concatenated."""
+    if j == 0:
+        return np.concatenate([increments(times) for times, _ in cut])
+    return np.concatenate([values[:, j - 1] for _, values in cut])
+
+
+def _static_column(train: Sequence[RawRecord], name: str) -> np.ndarray:
+    """The continuous static feature ``name`` of every training record (NaN where missing)."""
+    seen = [float(r.static[name]) if _present(r.static.get(name)) else math.nan for r in train]
+    return np.array(seen, dtype=np.float64)
 
 
 def encode_record(record: RawRecord, schema: EHRSchema) -> tuple[np.ndarray, np.ndarray]:

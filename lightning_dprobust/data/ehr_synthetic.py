@@ -60,6 +60,29 @@ class SyntheticStructure:
 
 
 STRUCTURE = SyntheticStructure()
+MAX_MEAN_GAP = 2.5
+"""The largest mean gap between measurements (hours, age 18); see :func:`synthetic_record`."""
+PRIVACY_UNIT = "per record (one synthetic patient, one record)"
+
+
+def declared_ranges(
+    structure: SyntheticStructure = STRUCTURE, horizon_hours: float = 48.0, spread: float = 3.0
+) -> dict[str, tuple[float, float]]:
+    """Public ``(low, high)`` of every scaled feature, from the generator's parameters alone (no record is drawn).
+
+    ``start_time`` and ``age``: their exact supports. ``time_increment``: ``[0, 6 * MAX_MEAN_GAP]`` hours (a gap
+    exceeds it with probability below 1e-3). Medical feature ``j``: ``base_j`` plus or minus the largest static,
+    seasonal and daily effects, the trend over ``horizon_hours``, and ``spread`` standard deviations of the two noises
+    (``sqrt(2) noise_j``). Values outside (later steps of long records, rare noise) are clipped by the scaler.
+    """
+    s = structure
+    effects = (
+        np.abs(s.age) + np.abs(s.gender) + np.abs(np.array(s.race)).max(axis=1) + np.abs(s.yearly) + np.abs(s.daily)
+    )
+    half = effects + np.abs(s.trend) * horizon_hours / 24.0 + spread * np.sqrt(2.0) * np.array(s.noise)
+    medical = {name: (base - width, base + width) for name, base, width in zip(MEDICAL, s.base, half, strict=True)}
+    static = {"start_time": (0.0, 365.0), "age": (18.0, 90.0), "time_increment": (0.0, 6 * MAX_MEAN_GAP)}
+    return static | {name: (float(low), float(high)) for name, (low, high) in medical.items()}
 
 
 def _sigmoid(value: np.ndarray) -> np.ndarray:
@@ -96,7 +119,7 @@ def synthetic_record(
     """One record drawn from ``rng`` with the structure described in the module docstring."""
     static = _statics(rng)
     length = int(rng.integers(min_steps, max_steps + 1))
-    mean_gap = 0.5 + 2.0 * (90.0 - float(static["age"])) / 72.0
+    mean_gap = 0.5 + (MAX_MEAN_GAP - 0.5) * (90.0 - float(static["age"])) / 72.0
     times = np.concatenate([[0.0], np.cumsum(rng.gamma(2.0, mean_gap / 2.0, size=length - 1))])
     noise = rng.standard_normal(len(MEDICAL)) + rng.standard_normal((length, len(MEDICAL)))
     values = mean_trajectory(static, times, structure) + np.array(structure.noise) * noise

@@ -20,7 +20,10 @@ Privacy: the DP wiring of :class:`~lightning_dprobust.methods.generative_base.Ge
 except ``generator`` reads real data (critics see real records or their codes, the encoder and decoder reconstruct
 them), so each of their updates is a per-example clipped, noised release, all of an iteration accounted as one event
 in the one ledger. ``generator`` (GAN: latent map and decoder; DAAE: the latent map G) learns only through private
-critics from public draws: post-processing. The epsilon covers the released artifact.
+critics from public draws: post-processing. The epsilon covers the released artifact, per record (one patient on the
+synthetic and CSV sources, **per ED stay** on MIMIC-IV-ED). The baselines have one wiring, always strict: a data module
+whose scaling ranges were read from the private training records (``EHRDataModule(scaling="train")``) is refused at
+fit setup (:class:`~lightning_dprobust.methods.ehr_module.EHRGenerativeModule`).
 """
 
 from __future__ import annotations

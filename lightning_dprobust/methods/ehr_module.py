@@ -1,5 +1,6 @@
 """What every EHR generative module (IGAMT and its baselines) shares besides its networks: the data schema and the
-iteration counter (both carried by checkpoints), the critic schedule of IGAMT's Algorithm 1 and the batch check."""
+iteration counter (both carried by checkpoints), the scaling check and privacy-unit report, the critic schedule of
+IGAMT's Algorithm 1 and the batch check."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
@@ -17,11 +19,18 @@ from lightning_dprobust.methods.generative_base import GenerativeDPModule
 class EHRGenerativeModule(GenerativeDPModule):
     """A :class:`GenerativeDPModule` trained on EHR tensors.
 
-    ``ehr_schema``: the training data module's ``schema`` as a plain dict, taken at fit start and written to
-    checkpoints, so that a release can report synthetic records in raw units. Its scalers are the training split's
-    min/max unless the data module was given public ranges: they are not differentially private, and a release saved
-    with them carries them. ``iteration``: the training-iteration counter the critic schedule reads; checkpointed, so
-    a resumed run keeps the schedule of an unbroken one.
+    ``ehr_schema``: the training data module's ``schema`` as a plain dict, taken at fit setup and written to
+    checkpoints, so that a release can report synthetic records in raw units; it carries the scaling ranges, which of
+    them were read from the training records (``data_derived``) and the privacy unit. ``iteration``: the
+    training-iteration counter the critic schedule reads; checkpointed, so a resumed run keeps the schedule of an
+    unbroken one.
+
+    Scaling is part of the mechanism (DESIGN.md, contract 12). With DP, a schema whose ranges or categories were read
+    from the training records (``EHRDataModule(scaling="train")``) is refused at fit setup when :attr:`strict_dp` is
+    set, and otherwise makes the epsilon **nominal** (:meth:`nominal_reason`): it excludes the cost of that scaling.
+    The check reads the data module's ``schema``; tensors passed without a data module that has one are assumed to
+    be scaled with public ranges. The privacy unit (one record: one patient, or per ED stay on MIMIC-IV-ED) is printed
+    with the DP settings at train start.
 
     A subclass has the hyperparameters ``num_features``, ``max_steps``, ``critic_freq_base`` and ``critic_freq_hit``
     (checked by :func:`check_critic_schedule`) and implements :meth:`train_iteration`.
@@ -32,13 +41,56 @@ class EHRGenerativeModule(GenerativeDPModule):
         self.ehr_schema: dict[str, Any] | None = None
         self.iteration = 0
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
+    @property
+    def strict_dp(self) -> bool:
+        """Whether only a guarantee is acceptable: the ``strict_dp`` hyperparameter, ``True`` for modules without it."""
+        return bool(self.hparams.get("strict_dp", True))
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self._take_schema()
+        super().setup(stage)
+
+    def _take_schema(self) -> None:
+        """Keep the data module's schema, after checking its layout and, with DP and :attr:`strict_dp`, its scaling."""
         datamodule = self.trainer.datamodule
         schema = getattr(datamodule, "schema", None) if datamodule is not None else None
-        if dataclasses.is_dataclass(schema):
-            check_layout(type(self).__name__, self.hparams, schema)
-            self.ehr_schema = dataclasses.asdict(schema)
+        if not dataclasses.is_dataclass(schema):
+            return
+        check_layout(type(self).__name__, self.hparams, schema)
+        if self.dp_enabled and self.strict_dp and schema.data_derived:
+            raise MisconfigurationException(
+                f"{type(self).__name__}(strict_dp=True): the scaling of {list(schema.data_derived)} was read from the "
+                "private training records, which no DP guarantee covers: use EHRDataModule(scaling='public') (declared "
+                "ranges) or pass public ranges=... (and categories=...)"
+            )
+        self.ehr_schema = dataclasses.asdict(schema)
+
+    def nominal_reason(self) -> str | None:
+        reasons = [super().nominal_reason(), self.wiring_reason(), self.scaling_reason()]
+        return "; ".join(reason for reason in reasons if reason) or None
+
+    def wiring_reason(self) -> str | None:
+        """Why the choice of private components leaves the epsilon nominal, or ``None`` (every one noised)."""
+        return None
+
+    def scaling_reason(self) -> str | None:
+        """Why the data's scaling leaves the epsilon nominal (ranges read from the training records), or ``None``."""
+        derived = (self.ehr_schema or {}).get("data_derived")
+        if not derived:
+            return None
+        return (
+            f"the scaling of {list(derived)} was read from the private training records (scaling='train'); "
+            "the epsilon excludes that cost"
+        )
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.dp_enabled and self.ehr_schema is not None:
+            scaling = "read from the training records (nominal)" if self.scaling_reason() else "declared, public"
+            rank_zero_info(
+                f"{type(self).__name__}: privacy unit {self.ehr_schema['privacy_unit']}; scaling ranges {scaling}"
+            )
 
     def critics_scheduled(self, iteration: int) -> bool:
         """The critic schedule of IGAMT's Algorithm 1, line 11: ``t % fb < fh``."""

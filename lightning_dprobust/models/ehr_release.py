@@ -34,7 +34,8 @@ class ReleasedSynthesizer(nn.Module):
     """``generator`` (G), ``body`` (Dec_i, or Dec's body in the ablations without an imitator) and ``last``
     (Dec's last layer), rebuilt from ``config`` (the keys of :data:`CONFIG_KEYS`).
 
-    ``schema``: optional plain-data EHR schema (feature names and train-set scalers) for output in raw units.
+    ``schema``: optional plain-data EHR schema (feature names, scalers, which of them were read from the training
+    records, and the privacy unit) for output in raw units.
     """
 
     def __init__(self, config: dict[str, Any], schema: dict[str, Any] | None = None) -> None:

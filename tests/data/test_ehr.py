@@ -65,8 +65,8 @@ def test_split_keeps_patients_apart_and_depends_on_seed_only():
     assert {r.group for r in other.records["test"]} != groups["test"]
 
 
-def test_scalers_come_from_the_training_split_only():
-    datamodule = EHRDataModule(num_records=200)
+def test_with_training_scaling_the_scalers_come_from_the_training_split_only():
+    datamodule = EHRDataModule(num_records=200, scaling="train")
     datamodule.setup()
     train = datamodule.records["train"]
     values = np.concatenate([r.values[:50] for r in train])
@@ -151,3 +151,39 @@ def test_the_train_loader_can_be_poisson_sampled_for_dp(datamodule):
         assert tuple(x.shape[1:]) == tuple(m.shape[1:]) == (51, 9)
         sizes.append(len(x))
     assert len(set(sizes)) > 1 and sum(sizes) == pytest.approx(len(datamodule.train_set), rel=0.3)
+
+
+def _train_tensors_by_group(datamodule: EHRDataModule) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    x, m = datamodule.train_set.tensors
+    return {record.group: (x[i], m[i]) for i, record in enumerate(datamodule.records["train"])}
+
+
+def test_adding_one_record_changes_no_other_training_tensor(monkeypatch):
+    """The default (public, declared) scaling: a training tensor is a function of its own record alone, so a neighbour
+    dataset with one extreme record added leaves every other record's training tensor as it was (the strict_dp
+    requirement; with the training split's min/max the extreme record would rescale all of them)."""
+    base = synthetic_records(120, seed=0)
+    extreme = synthetic_records(1, seed=99)[0]
+    extreme.group, extreme.values, extreme.static["age"] = "added", extreme.values * 10.0, 89.9
+    extreme.times = extreme.times * 5.0
+    tensors = []
+    for records in (base, [*base, extreme]):
+        monkeypatch.setattr("lightning_dprobust.data.ehr.synthetic_records", lambda n, seed, r=records: list(r))
+        datamodule = EHRDataModule(num_records=len(records), num_steps=12)
+        assert datamodule.schema.public_scaling
+        tensors.append(_train_tensors_by_group(datamodule))
+    assert "added" in tensors[1]
+    shared = set(tensors[0]) & set(tensors[1])
+    assert len(shared) >= 60
+    for group in shared:
+        assert torch.equal(tensors[0][group][0], tensors[1][group][0]) and torch.equal(
+            tensors[0][group][1], tensors[1][group][1]
+        )
+
+
+def test_training_scaling_is_recorded_as_data_derived():
+    public, private = (EHRDataModule(num_records=60, scaling=scaling).schema for scaling in ("public", "train"))
+    assert public.data_derived == () and public.privacy_unit.startswith("per record")
+    assert set(private.data_derived) == {"time_increment", *MEDICAL, "start_time", "age"}
+    with pytest.raises(ValueError, match="scaling='public'"):
+        EHRDataModule(scaling="min_max")

@@ -42,12 +42,13 @@ def thesis_records():
 
 
 def fit(records, num_steps=4, **kwargs):
+    kwargs.setdefault("scaling", "train")
     return fit_schema(records, MEDICAL, ("start_time", "age"), CATEGORICAL, num_steps=num_steps, **kwargs)
 
 
 def test_thesis_example_start_time_and_age_scaling():
     records = thesis_records()
-    schema = fit_schema(records, MEDICAL, ("start_time", "age"), {}, num_steps=4)
+    schema = fit_schema(records, MEDICAL, ("start_time", "age"), {}, num_steps=4, scaling="train")
     x, m = encode_record(records[1], schema)
     assert round(float(x[0, 0]), 3) == 0.049  # start time 38.8 -> 0.049
     assert round(float(x[0, 1]), 2) == 0.63  # age 40 -> 0.63
@@ -56,7 +57,7 @@ def test_thesis_example_start_time_and_age_scaling():
 
 def test_layout_of_a_hand_made_record():
     records = thesis_records()
-    schema = fit_schema(records, MEDICAL, ("start_time",), {"gender": ("F", "M")}, num_steps=4)
+    schema = fit_schema(records, MEDICAL, ("start_time",), {"gender": ("F", "M")}, num_steps=4, scaling="train")
     x, m = encode_record(records[0], schema)
     assert x.shape == m.shape == (5, 7)
     # step 0: start_time 0 -> 0, gender M -> one-hot [0, 1], then 4 padding slots
@@ -159,7 +160,7 @@ def test_decode_inverts_encode():
 def test_too_many_static_slots_for_the_step_width_is_refused():
     narrow = [record(r.group, r.times, r.values[:, :2], **r.static) for r in thesis_records()]
     with pytest.raises(ValueError, match="need 7 slots of step 0 but a step has only 3 features"):
-        fit_schema(narrow, ("hr", "sbp"), ("start_time", "age"), CATEGORICAL)
+        fit_schema(narrow, ("hr", "sbp"), ("start_time", "age"), CATEGORICAL, scaling="train")
 
 
 def test_sample_start_uses_the_layout_only():

@@ -12,7 +12,7 @@ from fake_ehr import write_csv, write_mimic_iv_ed
 from lightning_dprobust.data import DatasetNotFoundError
 from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.data.ehr_csv import read_long_csv, write_long_csv
-from lightning_dprobust.data.ehr_mimic import VITALS, read_mimic_iv_ed
+from lightning_dprobust.data.ehr_mimic import DECLARED_RANGES, VITALS, read_mimic_iv_ed
 from lightning_dprobust.data.ehr_records import encode, fit_schema
 from lightning_dprobust.data.ehr_synthetic import MEDICAL, synthetic_records
 
@@ -49,8 +49,8 @@ def test_long_csv_round_trip_of_synthetic_records(tmp_path):
     categorical = {name: None for name in table.categorical}
     by_group = {r.group: r for r in table.records}
     read = [by_group[r.group] for r in records]
-    direct = fit_schema(records, MEDICAL, table.continuous, categorical)
-    assert fit_schema(read, MEDICAL, table.continuous, categorical) == direct
+    direct = fit_schema(records, MEDICAL, table.continuous, categorical, scaling="train")
+    assert fit_schema(read, MEDICAL, table.continuous, categorical, scaling="train") == direct
     for a, b in zip(encode(records, direct), encode(read, direct), strict=True):
         torch.testing.assert_close(a, b)
 
@@ -74,10 +74,13 @@ def test_long_csv_bad_files_are_refused_with_one_line(tmp_path):
         read_long_csv(write_csv(tmp_path / "b.csv", "patient,time,feature,value", ["a,0,hr,high"]))
 
 
-def test_test_split_does_not_change_the_scalers_or_the_training_tensors(tmp_path):
+def test_with_training_scaling_the_test_split_does_not_change_the_scalers_or_the_training_tensors(tmp_path):
     records = synthetic_records(60, seed=6)
     base = EHRDataModule(
-        source="csv", csv_path=str(write_long_csv(records, MEDICAL, tmp_path / "a.csv")), features=MEDICAL
+        source="csv",
+        csv_path=str(write_long_csv(records, MEDICAL, tmp_path / "a.csv")),
+        features=MEDICAL,
+        scaling="train",
     )
     base.setup()
     test_groups = {r.group for r in base.records["test"]}
@@ -86,7 +89,10 @@ def test_test_split_does_not_change_the_scalers_or_the_training_tensors(tmp_path
             r.values = r.values * 100.0 - 50.0
             r.static["age"] = 500.0
     changed = EHRDataModule(
-        source="csv", csv_path=str(write_long_csv(records, MEDICAL, tmp_path / "b.csv")), features=MEDICAL
+        source="csv",
+        csv_path=str(write_long_csv(records, MEDICAL, tmp_path / "b.csv")),
+        features=MEDICAL,
+        scaling="train",
     )
     changed.setup()
     assert {r.group for r in changed.records["test"]} == test_groups
@@ -162,8 +168,28 @@ def test_with_public_ranges_and_categories_the_schema_does_not_depend_on_the_dat
         schemas.append(datamodule.schema)
     assert schemas[0] == schemas[1]
     learned = [
-        EHRDataModule(source="csv", csv_path=str(tmp_path / f"{seed}.csv"), features=MEDICAL).schema for seed in (7, 8)
+        EHRDataModule(source="csv", csv_path=str(tmp_path / f"{seed}.csv"), features=MEDICAL, scaling="train").schema
+        for seed in (7, 8)
     ]
     assert learned[0] != learned[1]  # without them, the schema reveals the training data's extremes
     with pytest.raises(ValueError, match="not a discrete static column"):
         EHRDataModule(source="csv", csv_path=str(tmp_path / "7.csv"), categories={"sex": ["F"]}).setup()
+
+
+def test_a_csv_without_declared_ranges_is_refused_under_public_scaling(tmp_path):
+    path = write_long_csv(synthetic_records(20, seed=3), MEDICAL, tmp_path / "a.csv")
+    with pytest.raises(ValueError, match=r"no declared range.*pass ranges=\{'time_increment'") as error:
+        EHRDataModule(source="csv", csv_path=str(path), features=MEDICAL).setup()
+    assert "\n" not in str(error.value)
+    public = {"time_increment": (0.0, 24.0), "start_time": (0.0, 366.0), "age": (0.0, 120.0)}
+    public |= {name: (0.0, 300.0) for name in MEDICAL}
+    with pytest.raises(ValueError, match=r"no declared categories.*pass categories=\{'gender'"):
+        EHRDataModule(source="csv", csv_path=str(path), features=MEDICAL, ranges=public).setup()
+
+
+def test_mimic_iv_ed_uses_declared_ranges_and_states_its_unit_per_stay(tmp_path):
+    datamodule = EHRDataModule(source="mimic_iv_ed", data_dir=str(write_mimic_iv_ed(tmp_path)), val_fraction=0.2)
+    schema = datamodule.schema
+    assert schema.data_derived == () and schema.privacy_unit.startswith("per ED stay")
+    heart = schema.feature_names.index("heartrate")
+    assert (schema.temporal_low[heart], schema.temporal_high[heart]) == DECLARED_RANGES["heartrate"]

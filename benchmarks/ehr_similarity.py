@@ -3,7 +3,9 @@
 Every model is trained with DP (``strict_dp`` wiring: noise on every component that reads real data, one ledger) on
 the shortened data of ``make demo-ehr`` (:data:`~lightning_dprobust.demo_ehr.SMALL_DATA`: 750 training records of 12
 steps, 9 features, expected batch 64, 3 epochs, delta 1e-5, max_grad_norm 1.0, the configs' model sizes), then
-synthesizes as many records as the test split holds (200) from its released artifact alone (``--mask``).
+synthesizes as many records as the test split holds (200) from its released artifact alone (``--mask``). The data are
+scaled with the synthetic source's declared public ranges (``EHRDataModule``'s default ``scaling="public"``), so the
+epsilon covers the preprocessing; every distance is in those scaled units (the ``real_train`` row gives the scale).
 Reported per model, as mean +- sample std over the seeds: overall and per-feature (#0, #4, #7; 3 k-means clusters
 each) Minkowski (p = 2, lower is closer) and cosine (around the real mean, higher is closer) against the real test
 split, and epsilon (rdp).

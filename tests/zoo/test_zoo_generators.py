@@ -55,3 +55,13 @@ def test_shipped_generators_reproduce_their_recorded_similarity_and_privacy(entr
         assert recorded[key.removeprefix("synthetic/").replace("/", "_")] == pytest.approx(value, abs=1e-5)
     privacy = entry.meta["privacy"]
     assert privacy["noise_multiplier"] == 1.0 and 0 < privacy["epsilon"] < float("inf") and privacy["delta"] == 1e-5
+
+
+def test_generator_records_state_their_privacy_unit_and_public_scaling():
+    for entry in GENERATORS:
+        notes, transform = entry.meta["notes"], entry.preprocessing["transform"]
+        unit = "per ED stay" if entry.meta["dataset"] == "mimic_iv_ed" else "per record (one synthetic patient"
+        assert f"privacy unit: {unit}" in notes.replace("Privacy unit", "privacy unit"), entry.name
+        assert "scaling=public" in transform and "train-split scalers" not in transform, entry.name
+    mimic = zoo.info("igamt.dp_mimic_iv_ed_s10").meta["notes"]
+    assert "group size k" in mimic and "excludes the scaling's cost" in mimic

@@ -34,7 +34,12 @@ def _parser() -> CommandParser:
         prog="dprobust synthesize", description="Synthetic EHRs from an IGAMT checkpoint or release, as a CSV."
     )
     add = parser.add_argument
-    add("--ckpt", required=True, help="an IGAMT .ckpt (from dprobust fit) or a release file (ReleasedSynthesizer)")
+    add(
+        "--ckpt",
+        required=True,
+        help="an IGAMT or EHR baseline .ckpt (from dprobust fit), a release file (ReleasedSynthesizer) or a zoo name "
+        "(e.g. igamt.dp_synthetic_ehr_s10)",
+    )
     add("--n", type=int, default=1000, help="number of synthetic patients (default: 1000)")
     add("--out", required=True, help="the CSV file to write")
     add("--steps", type=int, default=None, help="temporal steps per patient (default: the model's max_steps)")
@@ -45,12 +50,17 @@ def _parser() -> CommandParser:
 
 
 def load_release(path: str | Path) -> ReleasedSynthesizer:
-    """The released artifact of an IGAMT checkpoint (or a release file); read with ``weights_only=True``."""
+    """The released artifact of an IGAMT or EHR baseline checkpoint, a release file or a zoo synthesizer entry; files
+    are read with ``weights_only=True``. A checkpoint written by ``dprobust fit`` carries LightningCLI's own keys
+    (``_class_path``, ``_instantiator``) among its hyperparameters: they name the class, they are not arguments."""
     if not Path(path).is_file():
-        raise FileNotFoundError(f"--ckpt {path} does not exist")
+        return _zoo_release(str(path))
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(saved, dict) and saved.get("format") == FORMAT:
         return ReleasedSynthesizer.load(path)
+    if isinstance(saved, dict) and isinstance(saved.get("hyper_parameters"), dict):
+        hparams = {key: value for key, value in saved["hyper_parameters"].items() if not key.startswith("_")}
+        saved = {**saved, "hyper_parameters": hparams}
     from lightning_dprobust.methods.ehr_baselines import baseline_from_checkpoint
 
     baseline = baseline_from_checkpoint(saved) if isinstance(saved, dict) else None
@@ -65,6 +75,24 @@ def load_release(path: str | Path) -> ReleasedSynthesizer:
     module.load_state_dict(saved["state_dict"])
     module.ehr_schema = saved.get("ehr_schema")
     return module.release()
+
+
+def _zoo_release(name: str) -> ReleasedSynthesizer:
+    """The released synthesizer of the zoo entry ``name`` (verified download); a name that is no entry is a missing
+    file."""
+    from lightning_dprobust.zoo import Zoo
+    from lightning_dprobust.zoo.catalog import ZooError
+
+    zoo = Zoo()
+    if name not in zoo.entries():
+        raise FileNotFoundError(f"--ckpt {name} does not exist as a file and is not a zoo entry (see `dprobust zoo list`)")
+    try:
+        model = zoo.load(name)
+    except ZooError as error:
+        raise ValueError(f"--ckpt {name}: {error}") from error
+    if not isinstance(model, ReleasedSynthesizer):
+        raise ValueError(f"--ckpt {name} is a zoo entry but not an EHR synthesizer (it is a {type(model).__name__})")
+    return model
 
 
 def synthesize_command(argv: Sequence[str]) -> None:

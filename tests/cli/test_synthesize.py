@@ -9,6 +9,7 @@ import torch
 
 from lightning_dprobust.cli.main import main
 from lightning_dprobust.cli.synthesize import SCALED_NOTE, SCHEMA_NOTE, load_release
+from lightning_dprobust.recipes import CONFIG_DIR
 from tests.helpers import quiet_trainer
 from tests.methods.igamt_helpers import EHRData, small
 
@@ -98,3 +99,25 @@ def test_missing_or_foreign_checkpoints_are_refused(tmp_path, capsys):
     torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, tmp_path / "other.ckpt")
     assert main(["synthesize", "--ckpt", str(tmp_path / "other.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
     assert "neither an IGAMT checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config", ["igamt/synthetic.yaml", "igamt/baselines/vae.yaml"])
+def test_a_checkpoint_written_by_dprobust_fit_synthesizes(tmp_path, monkeypatch, config):
+    """The documented path: ``dprobust fit`` (LightningCLI adds ``_class_path`` to the saved hyperparameters), then
+    ``dprobust synthesize --ckpt`` on its ``last.ckpt``."""
+    monkeypatch.chdir(tmp_path)
+    fit = ["fit", "--config", str(CONFIG_DIR / config), "--trainer.max_steps", "2", "--trainer.logger", "false"]
+    assert main([*fit, "--trainer.enable_progress_bar", "false"]) == 0
+    (last,) = tmp_path.glob("runs/*/checkpoints/last.ckpt")
+    out = tmp_path / "synthetic.csv"
+    assert main(["synthesize", "--ckpt", str(last), "--n", "3", "--out", str(out), "--seed", "0"]) == 0
+    rows = read(out)
+    assert rows and {int(row["patient"]) for row in rows} <= {0, 1, 2}
+
+
+def test_a_zoo_synthesizer_synthesizes_by_its_name(tmp_path, capsys):
+    out = tmp_path / "synthetic.csv"
+    assert main(["synthesize", "--ckpt", "igamt.dp_synthetic_ehr_s10", "--n", "2", "--out", str(out)]) == 0
+    assert read(out)
+    assert main(["synthesize", "--ckpt", "igamt.no_such_entry", "--out", str(tmp_path / "b.csv")]) == 2
+    assert "is not a zoo entry" in capsys.readouterr().err

@@ -4,9 +4,10 @@ Only the released artifact is used (:meth:`~lightning_dprobust.methods.igamt.IGA
 so the output is post-processing of the trained generator. The CSV has one row per observed temporal value:
 ``patient, time, feature, value`` followed by one column per static feature (repeated on each of the patient's
 rows). ``time`` is the running sum of the generated time increments. When the checkpoint carries the data schema
-(feature names and train-set scalers, stored by ``fit`` from the EHR data module), values and times are in raw units;
-otherwise they stay in the scaled units ``[0, 1]`` and the command says so. The scalers are the training set's
-min/max unless the data module was given public ranges: not differentially private, and the command says that too.
+(feature names and scalers, stored by ``fit`` from the EHR data module), values and times are in raw units;
+otherwise they stay in the scaled units ``[0, 1]`` and the command says so. The scalers are the schema's declared
+(public) ranges, unless the data module read some from the training records (``scaling="train"``): those are not
+differentially private, and the command names them.
 """
 
 from __future__ import annotations
@@ -23,10 +24,19 @@ from lightning_dprobust.cli.args import CommandParser, require
 from lightning_dprobust.models.ehr_release import FORMAT, ReleasedSynthesizer
 
 SCALED_NOTE = "values and times are in scaled units [0, 1]: the checkpoint carries no data schema to undo the scaling"
-SCHEMA_NOTE = (
-    "values are in raw units through the data schema's scalers: unless the data module was given public ranges, these "
-    "are the training set's min/max, which are not differentially private"
+SCHEMA_NOTE = "values are in raw units through the data schema's declared (public) scalers"
+DERIVED_NOTE = (
+    "values are in raw units through the data schema's scalers, of which those of {features} were read from the "
+    "training records: those ranges are not differentially private, and this CSV reveals them"
 )
+
+
+def scaling_note(schema: dict[str, Any] | None) -> str:
+    """What the CSV's units are, and whether its scalers are public (a schema without ``data_derived`` features)."""
+    if schema is None:
+        return SCALED_NOTE
+    derived = list(schema.get("data_derived") or ())
+    return DERIVED_NOTE.format(features=derived) if derived else SCHEMA_NOTE
 
 
 def _parser() -> CommandParser:
@@ -113,7 +123,7 @@ def synthesize_command(argv: Sequence[str]) -> None:
     x, m = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     rows = write_long_csv(x, m, release, Path(args.out))
     print(f"wrote {args.n} synthetic patients ({rows} observed values) to {args.out}")
-    print(f"note: {SCALED_NOTE if release.schema is None else SCHEMA_NOTE}")
+    print(f"note: {scaling_note(release.schema)}")
 
 
 def write_long_csv(x: torch.Tensor, m: torch.Tensor, release: ReleasedSynthesizer, path: Path) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_dprobust.cli.main import main
-from lightning_dprobust.cli.synthesize import SCALED_NOTE, SCHEMA_NOTE, load_release
+from lightning_dprobust.cli.synthesize import SCALED_NOTE, SCHEMA_NOTE, load_release, scaling_note
 from lightning_dprobust.recipes import CONFIG_DIR
 from tests.helpers import quiet_trainer
 from tests.methods.igamt_helpers import EHRData, small
@@ -67,7 +67,7 @@ def test_csv_in_raw_units_with_the_schema(checkpoint, tmp_path, capsys):
         == 0
     )
     printed = capsys.readouterr().out
-    assert SCALED_NOTE not in printed and SCHEMA_NOTE in printed
+    assert SCALED_NOTE not in printed and SCHEMA_NOTE in printed  # SCHEMA declares its ranges: nothing derived
     rows = read(out)
     assert list(rows[0])[4:] == ["age", "gender"] and {r["gender"] for r in rows} <= {"F", "M"}
     assert all(20.0 <= float(r["age"]) <= 80.0 for r in rows)
@@ -91,6 +91,12 @@ def test_bad_flags_are_refused_in_one_line(checkpoint, tmp_path, capsys, flags, 
     assert main(argv) == 2
     error = capsys.readouterr().err.strip()
     assert message in error and "\n" not in error
+
+
+def test_the_note_names_the_scalers_read_from_the_training_records():
+    assert scaling_note(SCHEMA) == SCHEMA_NOTE
+    derived = scaling_note(SCHEMA | {"data_derived": ("hr", "age")})
+    assert "['hr', 'age'] were read from the training records" in derived and "not differentially private" in derived
 
 
 def test_missing_or_foreign_checkpoints_are_refused(tmp_path, capsys):

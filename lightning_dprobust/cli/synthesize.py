@@ -95,7 +95,9 @@ def _zoo_release(name: str) -> ReleasedSynthesizer:
 
     zoo = Zoo()
     if name not in zoo.entries():
-        raise FileNotFoundError(f"--ckpt {name} does not exist as a file and is not a zoo entry (see `dprobust zoo list`)")
+        raise FileNotFoundError(
+            f"--ckpt {name} does not exist as a file and is not a zoo entry (see `dprobust zoo list`)"
+        )
     try:
         model = zoo.load(name)
     except ZooError as error:

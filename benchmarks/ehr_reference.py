@@ -1,7 +1,8 @@
 """Reference points of the synthetic-EHR metrics on the embedded synthetic EHR set: what a perfect synthesizer and
 what structure-free ones score, so a trained generator's numbers can be read on the same scale.
 
-The real set is the test split (200 records) of ``EHRDataModule()`` (2,000 records, split seed 0). Each row is a
+The real set is the test split (200 records) of ``EHRDataModule()`` (2,000 records, split seed 0, scaled with the
+synthetic source's declared public ranges, so distances are in those units). Each row is a
 set of 200 records scored against it with ``similarity_report`` (k-means with 3 clusters, Hungarian pairing, p = 2,
 features #0, #4, #7); each seed changes the k-means seed and, except for ``train_split``, the candidate set:
 

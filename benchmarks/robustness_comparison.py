@@ -1,16 +1,18 @@
-"""DP-CERT vs DP-SGD + smoothing, and DP-Adv vs DP-SGD, at the same privacy budget, over several seeds.
+"""DP-CERT vs DP-SGD + smoothing, and DP-Adv vs DP-SGD and non-private adversarial training, over several seeds.
 
 For each seed (``--seeds``, default 0 1 2: model initialization and DP sampling, see ``benchmarks/seeds.py``; the
-data split stays the recipe's) trains the three recipes ``configs/{dpsgd,dpcert,dpadv}/<dataset>.yaml`` (digits:
-epsilon 3, delta 1e-5), then
+data split stays the recipe's) trains the recipes ``configs/{dpsgd,dpcert,dpadv}/<dataset>.yaml`` (digits: epsilon 3,
+delta 1e-5) and the variants ``--methods`` asks for (default: all of :data:`CERTIFIED` and :data:`ATTACKED`), then
 
-* certifies DP-SGD and DP-CERT on the test split with randomized smoothing at ``--sigma`` with the same settings
-  (``--n0``, ``--n``, ``--alpha``, ``--skip``; the certification generator is seeded with the run's seed);
-* attacks DP-SGD and DP-Adv with PGD-Linf at ``--eps`` (20 steps; the random start is seeded with the run's seed).
+* certifies DP-SGD and each DP-CERT variant on the test split with randomized smoothing at ``--sigma`` with the same
+  settings (``--n0``, ``--n``, ``--alpha``, ``--skip``; the certification generator is seeded with the run's seed);
+  the variants are those of the DP-CERT paper's Table 1 and Fig. 3 ablations (``methods/dpcert.py``);
+* attacks DP-SGD, DP-Adv and the DP-Adv recipe trained without DP (``advtrain``: the baseline the DP-Adv paper
+  compares with) with PGD-Linf at ``--eps`` (20 steps; the random start is seeded with the run's seed).
 
 Prints both comparisons as markdown tables of mean +- sample standard deviation over the seeds, and the paired
 difference of certified accuracy (DP-CERT minus DP-SGD, same seed). Usage:
-``python benchmarks/robustness_comparison.py [--seeds 0 1 2] [--dataset digits] [--n 10000]``.
+``python benchmarks/robustness_comparison.py [--seeds 0 1 2] [--dataset digits] [--n 10000] [--methods ...]``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
+import yaml
 from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load, seeded_config
 
 from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
@@ -26,21 +29,47 @@ from lightning_dprobust.robustness.certify import certify_dataset, summarize
 from lightning_dprobust.robustness.reports import markdown_table
 
 RADII = (0.0, 0.25, 0.5, 0.75)
-CERTIFIED = {"dpsgd": "DP-SGD + smoothing", "dpcert": "DP-CERT (gaussian)"}
-ATTACKED = {"dpsgd": "DP-SGD", "dpadv": "DP-Adv (PGD-Linf 0.1)"}
+CERTIFIED = {
+    "dpsgd": "DP-SGD + smoothing",
+    "dpcert": "DP-CERT (gaussian)",
+    "dpcert_stability": "DP-CERT + stability",
+    "dpcert_macer": "DP-CERT + MACER",
+    "dpcert_consistency": "DP-CERT + consistency",
+    "dpcert_smoothadv": "DP-CERT (SmoothAdv views)",
+    "dpcert_psac": "DP-CERT (gaussian, PSAC clipping)",
+}
+ATTACKED = {"dpsgd": "DP-SGD", "dpadv": "DP-Adv (PGD-Linf 0.1)", "advtrain": "adversarial training, no DP"}
+RECIPES = {  # method -> (recipe folder, overrides, private)
+    "dpsgd": ("dpsgd", [], True),
+    "dpcert": ("dpcert", [], True),
+    "dpcert_stability": ("dpcert", ["--model.init_args.regularizer=stability"], True),
+    "dpcert_macer": ("dpcert", ["--model.init_args.regularizer=macer"], True),
+    "dpcert_consistency": ("dpcert", ["--model.init_args.regularizer=consistency"], True),
+    "dpcert_smoothadv": ("dpcert", ["--model.init_args.augmentation=smoothadv"], True),
+    "dpcert_psac": ("dpcert", ["--dp.clipping=psac"], True),
+    "dpadv": ("dpadv", [], True),
+    "advtrain": ("dpadv", [], False),
+}
 
 
 def evaluate(method: str, seed: int, args: argparse.Namespace, root: str) -> dict[str, float]:
-    """Train ``method``'s recipe with ``seed``; its epsilon, clean accuracy, certificates and/or PGD accuracy."""
+    """Train ``method``'s recipe with ``seed``; its epsilon (inf without DP), clean accuracy, certificates and/or PGD
+    accuracy."""
+    folder, overrides, private = RECIPES[method]
     quiet = [
         "--trainer.logger=false",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={root}/{method}-{seed}",
+        *overrides,
     ]
-    fitted = fit_recipe(seeded_config(CONFIG_DIR / method / f"{args.dataset}.yaml", seed), quiet)
+    config = yaml.safe_load((CONFIG_DIR / folder / f"{args.dataset}.yaml").read_text())
+    if not private:
+        config["dp"] = None
+    fitted = fit_recipe(seeded_config(config, seed), quiet)
     module, test_set = fitted.module.eval(), fitted.datamodule.test_set
-    metrics = {"epsilon": fitted.privacy.epsilon(), "clean": fitted.test["test/acc"]}
+    epsilon = fitted.privacy.epsilon() if fitted.privacy is not None else float("inf")
+    metrics = {"epsilon": epsilon, "clean": fitted.test["test/acc"]}
     if method in CERTIFIED:
         settings = dict(sigma=args.sigma, n0=args.n0, n=args.n, alpha=args.alpha, skip=args.skip)
         rows = certify_dataset(module, test_set, batch_size=1000, seed=seed, progress=False, **settings)
@@ -52,13 +81,14 @@ def evaluate(method: str, seed: int, args: argparse.Namespace, root: str) -> dic
 
 
 def run_seed(seed: int, args: argparse.Namespace, root: str) -> dict[str, float]:
-    """All three methods at one seed, metrics keyed ``<method>/<metric>``, plus the paired certified-accuracy gaps."""
+    """The methods at one seed, metrics keyed ``<method>/<metric>``, plus the paired certified-accuracy gaps."""
     metrics = {}
-    for method in ("dpsgd", "dpcert", "dpadv"):
+    for method in args.methods:
         metrics |= {f"{method}/{key}": value for key, value in evaluate(method, seed, args, root).items()}
-    for radius in RADII:
-        key = f"certified_acc@{radius:g}"
-        metrics[f"gap/{key}"] = metrics[f"dpcert/{key}"] - metrics[f"dpsgd/{key}"]
+    if {"dpsgd", "dpcert"} <= set(args.methods):
+        for radius in RADII:
+            key = f"certified_acc@{radius:g}"
+            metrics[f"gap/{key}"] = metrics[f"dpcert/{key}"] - metrics[f"dpsgd/{key}"]
     return metrics
 
 
@@ -73,7 +103,10 @@ def certified_table(result: Sweep, args: argparse.Namespace) -> str:
             result.cell(f"{method}/acr", digits=4),
         ]
         for method, label in CERTIFIED.items()
+        if method in args.methods
     ]
+    if not {"dpsgd", "dpcert"} <= set(args.methods):
+        return markdown_table(header, rows)
     gap = result.values("gap/certified_acc@0.25")
     return (
         f"{markdown_table(header, rows)}\n\nDP-CERT minus DP-SGD (paired by seed), certified accuracy at r = 0.25: "
@@ -91,6 +124,7 @@ def attack_table(result: Sweep, args: argparse.Namespace) -> str:
             result.cell(f"{method}/pgd", 100),
         ]
         for method, label in ATTACKED.items()
+        if method in args.methods
     ]
     return markdown_table(header, rows)
 
@@ -104,6 +138,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=1, help="certify every skip-th test example (default: 1)")
     parser.add_argument("--sigma", type=float, default=0.25)
     parser.add_argument("--eps", type=float, default=0.1, help="PGD-Linf budget for the DP-Adv comparison")
+    parser.add_argument("--methods", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     add_seed_arguments(parser)
     args = parser.parse_args()
     quiet_training()

@@ -51,7 +51,8 @@ def _parser() -> CommandParser:
         "(e.g. igamt.dp_synthetic_ehr_s10)",
     )
     add("--n", type=int, default=1000, help="number of synthetic patients (default: 1000)")
-    add("--out", required=True, help="the CSV file to write")
+    add("--out", required=True, help="the CSV file to write (an existing file only with --overwrite)")
+    add("--overwrite", action="store_true", help="replace --out if it exists (never the --ckpt file)")
     add("--steps", type=int, default=None, help="temporal steps per patient (default: the model's max_steps)")
     add("--seed", type=int, default=None, help="seed of the synthesis draws (default: fresh entropy)")
     add("--batch_size", type=int, default=256, help="patients synthesized at once (default: 256)")
@@ -112,6 +113,7 @@ def synthesize_command(argv: Sequence[str]) -> None:
     args = _parser().parse_args(argv)
     require(args.n >= 1, "--n", args.n, "an integer >= 1")
     require(args.batch_size >= 1, "--batch_size", args.batch_size, "an integer >= 1")
+    check_target(Path(args.out), Path(args.ckpt), args.overwrite)
     release = load_release(args.ckpt)
     steps = args.steps or release.config["max_steps"]
     require(1 <= steps <= release.config["max_steps"], "--steps", steps, f"in 1..{release.config['max_steps']}")
@@ -126,6 +128,17 @@ def synthesize_command(argv: Sequence[str]) -> None:
     rows = write_long_csv(x, m, release, Path(args.out))
     print(f"wrote {args.n} synthetic patients ({rows} observed values) to {args.out}")
     print(f"note: {scaling_note(release.schema)}")
+
+
+def check_target(out: Path, source: Path, overwrite: bool) -> None:
+    """Never destroy work: ``--out`` is not the source checkpoint or release, and not an existing file unless
+    ``--overwrite``."""
+    if source.exists() and out.exists() and out.resolve() == source.resolve():
+        raise ValueError(f"--out {out} is the --ckpt file itself: write the CSV elsewhere")
+    if out.exists() and not overwrite:
+        raise ValueError(f"--out {out} exists: pass another path, or --overwrite to replace it")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder: pass the CSV file's path")
 
 
 def write_long_csv(x: torch.Tensor, m: torch.Tensor, release: ReleasedSynthesizer, path: Path) -> int:

@@ -127,3 +127,16 @@ def test_a_zoo_synthesizer_synthesizes_by_its_name(tmp_path, capsys):
     assert read(out)
     assert main(["synthesize", "--ckpt", "igamt.no_such_entry", "--out", str(tmp_path / "b.csv")]) == 2
     assert "is not a zoo entry" in capsys.readouterr().err
+
+
+def test_synthesize_never_destroys_a_file(checkpoint, tmp_path, capsys):
+    source = checkpoint / "plain.ckpt"
+    before = source.read_bytes()
+    assert main(["synthesize", "--ckpt", str(source), "--out", str(source), "--overwrite"]) == 2
+    assert "is the --ckpt file itself" in capsys.readouterr().err and source.read_bytes() == before
+    out = tmp_path / "kept.csv"
+    out.write_text("earlier work\n")
+    assert main(["synthesize", "--ckpt", str(source), "--n", "2", "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err and out.read_text() == "earlier work\n"
+    assert main(["synthesize", "--ckpt", str(source), "--n", "2", "--out", str(out), "--overwrite"]) == 0
+    assert out.read_text() != "earlier work\n"

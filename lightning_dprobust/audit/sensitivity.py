@@ -2,7 +2,7 @@
 
 For adversarial neighbouring batches, ``B - 1`` copies of one example with an all-ones canary against the same copies
 without it (the canary under two labels), the clipped sum each engine releases (before noise) may move by at most
-``C (1 + 1e-5)`` (design document, contract 11). The catalogue holds models that mix examples in training mode only,
+``C (1 + 1e-5)`` (docs/design.md, contract 11). The catalogue holds models that mix examples in training mode only,
 through running statistics, through the batch's mean, through attention across the batch, a loss that starts to mix at
 the second step, and separable ones (tied weights, the CNN). A mixing model must be refused (the engine raises, so
 nothing is released) or run within the bound.

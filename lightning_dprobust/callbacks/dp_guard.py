@@ -4,7 +4,7 @@ The check runs inside the optimizer's ``step`` itself (:func:`guard_optimizer_st
 hands it has returned: that closure runs the training step, the backward, every ``on_before_optimizer_step`` hook
 (callbacks and module) and ``configure_gradient_clipping``, and the precision plugin's wrapping, so nothing that can
 touch ``.grad`` before the update runs after the check. It covers every tensor in ``optimizer.param_groups``, not only
-the module's trainable parameters (design document, contract 10).
+the module's trainable parameters (docs/design.md, contract 10).
 """
 
 from __future__ import annotations

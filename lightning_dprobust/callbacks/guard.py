@@ -72,7 +72,7 @@ def refuse_checkpoint_upload(trainer: L.Trainer, secret: str) -> None:
     """Refuses a logger that uploads the run's checkpoints (W&B ``log_model``) when they hold ``secret``.
 
     A method whose training checkpoints keep secret training state (StoBatch's Laplace draw, needed to resume) calls
-    this at fit start: logs are assumed public (DESIGN.md contract 8), so a checkpoint uploaded with them would void
+    this at fit start: logs are assumed public (design, contract 8), so a checkpoint uploaded with them would void
     the guarantee for whoever reads the project. The released weights (state dict, zoo files) hold no such state.
     """
     for logger in trainer.loggers:

@@ -11,7 +11,7 @@ BackwardHookFunction is a view and is being modified inplace" (meta-pytorch/opac
 module hooks, so timm ResNets, our tanh CNN and any functional model work, and an adversarial attack can run on
 the model at any time without touching the privacy machinery.
 
-Augmentation groups (DESIGN.md contract 3): an example may carry ``V`` views; the method's loss averages over
+Augmentation groups (docs/design.md, contract 3): an example may carry ``V`` views; the method's loss averages over
 them, so the per-example gradient is the mean of the views' gradients *before* clipping and the sensitivity stays
 ``max_grad_norm``.
 """

@@ -1,4 +1,4 @@
-"""Data modules: each yields unnormalized ``[0, 1]`` images (DESIGN.md, contract 1)."""
+"""Data modules: each yields unnormalized ``[0, 1]`` images (docs/design.md, contract 1)."""
 
 from __future__ import annotations
 

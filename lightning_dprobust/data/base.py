@@ -1,6 +1,6 @@
 """Shared base for the image data modules.
 
-Contract (DESIGN.md, contract 1): every data module yields ``(image, label)`` pairs where ``image`` is an
+Contract (docs/design.md, contract 1): every data module yields ``(image, label)`` pairs where ``image`` is an
 unnormalized float tensor in ``[0, 1]`` of shape ``input_shape`` and ``label`` is an ``int64`` class index (or a
 float multi-label vector where the module says so). Normalization is the model's first layer, so attack budgets and
 smoothing ``sigma`` are in pixel units everywhere.

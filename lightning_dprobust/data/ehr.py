@@ -47,7 +47,7 @@ class EHRDataModule(L.LightningDataModule):
     * ``"mimic_iv_ed"``: PhysioNet MIMIC-IV-ED's ``edstays.csv``, ``triage.csv`` and ``vitalsign.csv`` in
       ``data_dir`` (credentialed; never shipped), F = 9 (:func:`~lightning_dprobust.data.ehr_mimic.read_mimic_iv_ed`).
 
-    Scaling (``scaling``, DESIGN.md contract 12): ``"public"`` (default) scales every feature with a declared range:
+    Scaling (``scaling``; design, contract 12): ``"public"`` (default) scales every feature with a declared range:
     ``ranges``, else the source's (:func:`~lightning_dprobust.data.ehr_synthetic.declared_ranges`,
     :data:`~lightning_dprobust.data.ehr_mimic.DECLARED_RANGES`; a CSV has none, so it needs ``ranges`` for every
     scaled feature and ``categories`` for every discrete column). ``"train"`` is the thesis's preprocessing: features

@@ -7,7 +7,7 @@ temporal features, feature :attr:`EHRSchema.time_feature` (0) being the min-max 
 time (0 at the first step). ``m`` is 1 where a value was observed and 0 where it is missing or padding, and ``x`` is 0
 wherever ``m`` is 0.
 
-Scaling is part of the privacy mechanism (DESIGN.md, contract 12): a range read from the private training records
+Scaling is part of the privacy mechanism (docs/design.md, contract 12): a range read from the private training records
 makes every record's tensor depend on every other record (one extreme record rescales them all), which no DP-SGD
 clipping covers. :data:`SCALINGS` names the two ways a range is chosen; :attr:`EHRSchema.data_derived` records which
 ranges (and categories) were read from the training records, so a trainer can refuse them or mark its epsilon nominal.
@@ -39,7 +39,7 @@ def scale(values: np.ndarray, low: float | np.ndarray, high: float | np.ndarray)
     """Min-max scale ``values`` with the range ``[low, high]``, clipped to ``[0, 1]`` (0 when ``high == low``).
 
     Values outside the range (beyond a declared range, or a validation or test record beyond the training set's
-    extremes) are clipped, so every scaled value lies in ``[0, 1]`` (DESIGN.md, contract 1). NaN stays NaN.
+    extremes) are clipped, so every scaled value lies in ``[0, 1]`` (docs/design.md, contract 1). NaN stays NaN.
     """
     span = np.where(np.greater(high, low), np.subtract(high, low), 1.0)
     return np.clip((values - low) / span, 0.0, 1.0)

@@ -1,4 +1,4 @@
-"""Checks that a batch honours the data contract (DESIGN.md, contract 1) before a model or a DP step sees it.
+"""Checks that a batch honours the data contract (docs/design.md, contract 1) before a model or a DP step sees it.
 
 A bad batch otherwise fails late and cryptically, or not at all: a label past the last class raises an index error
 deep inside the loss (a device-side assert on CUDA), an image of the wrong size a matrix-shape error, and one NaN

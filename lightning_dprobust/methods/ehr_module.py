@@ -25,7 +25,7 @@ class EHRGenerativeModule(GenerativeDPModule):
     training-iteration counter the critic schedule reads; checkpointed, so a resumed run keeps the schedule of an
     unbroken one.
 
-    Scaling is part of the mechanism (DESIGN.md, contract 12). With DP, a schema whose ranges or categories were read
+    Scaling is part of the mechanism (design, contract 12). With DP, a schema whose ranges or categories were read
     from the training records (``EHRDataModule(scaling="train")``) is refused at fit setup when :attr:`strict_dp` is
     set, and otherwise makes the epsilon **nominal** (:meth:`nominal_reason`): it excludes the cost of that scaling.
     The check reads the data module's ``schema``; tensors passed without a data module that has one are assumed to

@@ -4,7 +4,7 @@ Learning", ICML 2020 (https://arxiv.org/abs/1903.09822).
 StoBatch as implemented here offers NO differential-privacy guarantee: its epsilon (Theorem 4) is nominal. It is
 recorded in the ledger as a nominal claim (the ledger's DP epsilon is ``inf``), logged as ``privacy/nominal_epsilon``
 (never ``privacy/epsilon``), printed as "no DP guarantee; nominal epsilon ...", and released in the zoo with the
-accountant ``"nominal"`` (DESIGN.md contracts 4 and 12). Theorem 4 does not follow from what the code does
+accountant ``"nominal"`` (docs/design.md, contracts 4 and 12). Theorem 4 does not follow from what the code does
 (:data:`NOMINAL_WARNING`): the input release is counted with ``Delta_x = 1`` where one example's l1 range in
 ``[-1, 1]^(C H W)`` is ``2 C H W`` (128 on digits), each feature map of ``theta1`` is counted alone instead of
 composed with the others, the hidden and label noise are one draw shared by every batch and step, and the labels
@@ -94,7 +94,7 @@ class StoBatch(ClassifierModule):
     epsilon.
 
     Before the first step, once per model and from secret randomness
-    (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`, DESIGN.md contract 8): the training set is cut
+    (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`; design, contract 8): the training set is cut
     into fixed disjoint batches of ``m`` (Alg. 1 line 2); Laplace noise ``chi2`` (first hidden layer, scale
     ``2 Delta_R / (m epsilon1)``) and ``chi3`` (label coefficients, ``Delta_L2 / epsilon2``) is drawn once into the
     network's buffers (Alg. 1 line 1); and the input noise ``chi1_b`` (scale ``Delta_R / (m epsilon1)``, Eq. 16) is

@@ -1,6 +1,6 @@
 """Input normalization as the model's first layer.
 
-Data modules yield unnormalized images in ``[0, 1]`` (DESIGN.md, contract 1), so attack budgets ``eps`` and
+Data modules yield unnormalized images in ``[0, 1]`` (docs/design.md, contract 1), so attack budgets ``eps`` and
 smoothing ``sigma`` are in pixel units. The per-channel standardization that a network was trained with therefore
 lives inside the model, as in Cohen et al. 2019 (https://arxiv.org/abs/1902.02918), whose ``NormalizeLayer`` puts it
 in front of the base classifier for the same reason.

@@ -4,7 +4,7 @@ The registry follows timm's (Wightman 2019, https://github.com/huggingface/pytor
 builder under a name, ``list_models`` filters names with shell patterns, and ``create_model`` builds by name and
 drops ``None`` keyword arguments so YAML nulls do not override defaults. Unlike timm, a duplicate name is an error.
 Every model comes back behind its input normalization (:class:`NormalizedModel`), because data modules yield images
-in ``[0, 1]`` (DESIGN.md, contract 1).
+in ``[0, 1]`` (docs/design.md, contract 1).
 """
 
 from __future__ import annotations

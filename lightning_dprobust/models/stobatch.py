@@ -32,7 +32,7 @@ class StoBatchNet(nn.Module):
     ``[-1, 1]`` (Lemma 2 needs it); its tied transpose reconstructs the input from the perturbed hidden layer
     ``h_bar = h + 2 chi2 / m`` (:meth:`hidden`, :meth:`reconstruct`), the functional mechanism of ``theta1``. The last
     hidden layer is a tanh, so ``h_pi`` lies in ``[-1, 1]`` (Lemma 4), and the head ``W_pi`` has no bias (a bias would
-    read the labels without noise). Images come in ``[0, 1]`` (DESIGN.md contract 1) and are mapped to the paper's
+    read the labels without noise). Images come in ``[0, 1]`` (docs/design.md, contract 1) and are mapped to the paper's
     ``[-1, 1]`` inside.
 
     What ``theta2`` reads (``normalization``):

@@ -1,7 +1,7 @@
 """Adversarial attack suite, robust accuracy, and SmoothAdv (the attack on a Gaussian-smoothed classifier).
 
 The suite wraps torchattacks 3.5.1 (Kim 2020, https://arxiv.org/abs/2010.01950). Budgets are in pixel units: data
-modules yield images in ``[0, 1]`` and every model normalizes its inputs in its first layer (DESIGN.md contract 1),
+modules yield images in ``[0, 1]`` and every model normalizes its inputs in its first layer (design, contract 1),
 so no ``set_normalization_used`` is needed.
 
 torchattacks' ``Attack.__call__`` puts the model in eval mode and then calls ``model.train()``, which sets *every*

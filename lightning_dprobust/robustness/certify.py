@@ -2,7 +2,7 @@
 
 CERTIFY and certified accuracy: Cohen, Rosenfeld and Kolter (2019), "Certified Adversarial Robustness via Randomized
 Smoothing", https://arxiv.org/abs/1902.02918. Average certified radius (ACR): Zhai et al. (2020), "MACER",
-https://arxiv.org/abs/2001.02378. Radii are L2 distances in pixel units (DESIGN.md contract 1).
+https://arxiv.org/abs/2001.02378. Radii are L2 distances in pixel units (docs/design.md, contract 1).
 """
 
 from __future__ import annotations

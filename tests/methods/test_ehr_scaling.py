@@ -1,4 +1,4 @@
-"""Scaling is part of the EHR mechanism (DESIGN.md, contract 12): ranges read from the private training records are
+"""Scaling is part of the EHR mechanism (docs/design.md, contract 12): ranges read from the private training records are
 refused under strict_dp and make the epsilon nominal otherwise; the DP line and the checkpoint name the privacy unit."""
 
 from __future__ import annotations

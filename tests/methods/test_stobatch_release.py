@@ -1,5 +1,5 @@
 """StoBatch's noise draw is secret: never in a state dict or a shipped weights file, kept in training checkpoints;
-the released network's predictions do not depend on it (DESIGN.md contract 8)."""
+the released network's predictions do not depend on it (docs/design.md, contract 8)."""
 
 from __future__ import annotations
 

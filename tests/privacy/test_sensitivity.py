@@ -1,4 +1,4 @@
-"""The generic sensitivity test (design document, contract 11) over the catalogue of
+"""The generic sensitivity test (docs/design.md, contract 11) over the catalogue of
 :mod:`lightning_dprobust.audit.sensitivity`: a model that mixes examples is refused or runs within ``C``; a model that
 does not mix must run (a test that passed by refusing everything would prove nothing)."""
 

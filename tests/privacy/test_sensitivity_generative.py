@@ -1,4 +1,4 @@
-"""The generic sensitivity test (design document, contract 11) for the generative mechanisms, IGAMT and each EHR
+"""The generic sensitivity test (docs/design.md, contract 11) for the generative mechanisms, IGAMT and each EHR
 baseline: every private release a training step makes, replayed on its own batch with an all-ones canary example
 appended and without it, moves by at most ``C`` (noise off, so a release is the clipped sum over the expected batch).
 Synthetic draws paired with real examples belong to the batch, so the canary carries its own."""

@@ -92,12 +92,19 @@ def run_seed(seed: int, args: argparse.Namespace, root: str) -> dict[str, float]
     return metrics
 
 
+def epsilon_cell(result: Sweep, method: str) -> str:
+    """``mean +- std`` of the method's epsilon, or ``inf (no DP)`` for a non-private baseline."""
+    if all(value == float("inf") for value in result.values(f"{method}/epsilon")):
+        return "inf (no DP)"
+    return result.cell(f"{method}/epsilon", digits=3)
+
+
 def certified_table(result: Sweep, args: argparse.Namespace) -> str:
     header = ["method", "epsilon", "clean acc (%)", *(f"cert. acc r={r:g} (%)" for r in RADII), "ACR"]
     rows = [
         [
             label,
-            result.cell(f"{method}/epsilon", digits=3),
+            epsilon_cell(result, method),
             result.cell(f"{method}/clean", 100),
             *(result.cell(f"{method}/certified_acc@{r:g}", 100) for r in RADII),
             result.cell(f"{method}/acr", digits=4),
@@ -119,7 +126,7 @@ def attack_table(result: Sweep, args: argparse.Namespace) -> str:
     rows = [
         [
             label,
-            result.cell(f"{method}/epsilon", digits=3),
+            epsilon_cell(result, method),
             result.cell(f"{method}/clean", 100),
             result.cell(f"{method}/pgd", 100),
         ]

@@ -34,7 +34,7 @@ from lightning_dprobust.callbacks.dp_guard import (
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import calibrate, planned_steps, resolve_delta, steps_within_budget
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
-from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, DeltaAndAccountant, PrivacyLedger
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.per_sample import CLIPPING_RULES, add_noise_and_scale_
 
@@ -45,7 +45,7 @@ class StopReason(enum.Enum):
     BUDGET_EXHAUSTED = "privacy budget exhausted"
 
 
-class DPCallback(Callback):
+class DPCallback(Callback, DeltaAndAccountant):
     """Trains any :class:`~lightning_dprobust.methods.base.ClassifierModule` with DP-SGD (Abadi et al. 2016).
 
     At every optimizer step:
@@ -350,15 +350,6 @@ class DPCallback(Callback):
         if self._zero_noise_steps or self._unbounded_steps:
             return math.inf
         return self.ledger.epsilon(delta or self.delta, self.accountant)
-
-    @property
-    def privacy_delta(self) -> float | None:
-        """The delta of the guarantee (:class:`~lightning_dprobust.core.accounting.LedgerOwner`)."""
-        return self.delta
-
-    @property
-    def privacy_accountant(self) -> str:
-        return self.accountant
 
     def _limit(self) -> float:
         return min(limit for limit in (self.target_epsilon, self.epsilon_budget) if limit is not None)

@@ -415,6 +415,24 @@ class LedgerOwner(Protocol):
     def privacy_accountant(self) -> str: ...
 
 
+class DeltaAndAccountant:
+    """:class:`LedgerOwner`'s ``privacy_delta`` and ``privacy_accountant`` read from an owner's ``delta`` and
+    ``accountant`` attributes (``DPCallback`` and the generative modules)."""
+
+    delta: float | None
+    accountant: str
+
+    @property
+    def privacy_delta(self) -> float | None:
+        """The delta at which reports read the owner's ledger."""
+        return self.delta
+
+    @property
+    def privacy_accountant(self) -> str:
+        """The accountant with which reports read the owner's ledger."""
+        return self.accountant
+
+
 class PrivacyLedger:
     """Composes privacy events: a history of ``(noise_multiplier, sample_rate, steps)``.
 

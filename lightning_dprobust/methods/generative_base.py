@@ -49,7 +49,7 @@ from lightning_dprobust.callbacks.dp_guard import BufferWatch, PrivateStepBypass
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
 from lightning_dprobust.callbacks.dp_planning import resolve_delta
 from lightning_dprobust.callbacks.dp_randomness import DPRandomness
-from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger, epsilon_for
+from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, DeltaAndAccountant, PrivacyLedger, epsilon_for
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like
@@ -59,7 +59,7 @@ NOMINAL_SOURCE = "generative.nominal_accounting"
 NOMINAL_WARNING = "nominal: NOT a differential-privacy guarantee"
 
 
-class GenerativeDPModule(L.LightningModule):
+class GenerativeDPModule(L.LightningModule, DeltaAndAccountant):
     """Base of generative LightningModules with one optimizer per component and DP on the private ones.
 
     Subclasses define :meth:`component_modules` (name -> modules, disjoint, covering every trainable parameter),
@@ -143,16 +143,6 @@ class GenerativeDPModule(L.LightningModule):
     @property
     def dp_enabled(self) -> bool:
         return self.noise_multiplier is not None
-
-    @property
-    def privacy_delta(self) -> float | None:
-        """The delta at which the end-of-fit summary reads :attr:`ledger` (a module-owned ledger's interface)."""
-        return self.delta
-
-    @property
-    def privacy_accountant(self) -> str:
-        """The accountant with which the end-of-fit summary reads :attr:`ledger`."""
-        return self.accountant
 
     # ------------------------------------------------------------------------------------------- components
     def component_parameters(self) -> dict[str, dict[str, nn.Parameter]]:

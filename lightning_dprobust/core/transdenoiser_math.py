@@ -21,7 +21,12 @@ the thesis's ``M_t = (1/B^2) sum A A^T`` is the covariance factor of the batch *
 Questionable steps of the thesis, reproduced as stated and not repaired: Lemma 1 compares gradient vectors with
 "``>=``", which is not a DP argument; the factor ``T`` (Lemmas 2/3) assumes input noise drawn once, while Algorithm 3
 draws it fresh at every step; the noise scale depends on the private batch through ``S_min``, which the thesis
-deems acceptable because ``sigma_bar`` is never shown to anyone (the library never logs or stores it).
+deems acceptable because ``sigma_bar`` is never shown to anyone.
+
+What the library records as a guarantee (DESIGN.md contract 12) is therefore not Theorem 5 but the Gaussian noise
+actually added: ``TransDenoiserCallback`` accounts each step at the smallest ``sigma_bar`` over the slices and keeps
+the thesis's claim (every step at ``xi_up``) beside it as nominal. With many steps the rule above gives
+``sigma_bar = 0``: the transformed noise is then the only protection the thesis counts, and no finite epsilon follows.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 from torch.func import grad, jacfwd, vmap
+
+from lightning_dprobust.core.sampling import keyed_generator
 
 ExampleLoss = Callable[[Mapping[str, Tensor], Tensor, Tensor], Tensor]
 """``loss(slice_params, input, target) -> scalar`` of one example (no batch dimension)."""
@@ -145,8 +152,15 @@ def rank_allows(num_params: int, num_examples: int, input_dim: int) -> bool:
     return 0 < num_params <= num_examples * input_dim
 
 
+INPUT_NOISE_STREAM = "transdenoiser input noise"
+"""Stream label of the input noise in :func:`~lightning_dprobust.core.sampling.keyed_generator`."""
+
+
 def secret_generator(seed: int | None = None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded from the operating system's entropy (DESIGN.md contract 8).
+    """A generator keyed by a 128-bit secret from the operating system's entropy (DESIGN.md contract 8).
+
+    The whole generator state follows from the whole secret (:func:`~lightning_dprobust.core.sampling.keyed_generator`):
+    ``torch.Generator().manual_seed(secret)`` would keep only its low 32 bits on CPU, a stream one could find by search.
 
     ``seed`` is a test mode only: it makes the noise replayable, which voids the guarantee, and warns.
     """
@@ -156,10 +170,12 @@ def secret_generator(seed: int | None = None, device: torch.device | str = "cpu"
             "use it in tests only",
             stacklevel=2,
         )
-    return torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else int(seed))
+    key = secrets.randbits(128) if seed is None else int(seed)
+    return keyed_generator(device, key, INPUT_NOISE_STREAM)
 
 
 __all__ = [
+    "INPUT_NOISE_STREAM",
     "gaussian_sigma",
     "input_jacobians",
     "mgm_equivalent_sigma",

@@ -69,8 +69,10 @@ class TransDenoiser(ClassifierModule):
     Guarantees:
         ``h`` is never trained: its parameters have ``requires_grad=False`` and it stays in eval mode, so the
         optimizer, the per-example engine and the DP noise touch the denoiser only. The input noise comes from a
-        generator seeded from the operating system's entropy, independent of ``seed_everything`` (the
-        transformation counts it as privacy noise); ``noise_seed`` is a warned test mode.
+        generator keyed by a 128-bit secret from the operating system's entropy, all of whose bits set its state
+        (:func:`~lightning_dprobust.core.transdenoiser_math.secret_generator`), independent of ``seed_everything``
+        (the thesis counts it as privacy noise; the guarantee recorded does not); ``noise_seed`` is a warned test
+        mode.
 
     Args:
         classifier: the public classifier ``h``: a zoo entry name, ``"timm/<arch>"`` (timm's pretrained weights), or a
@@ -176,7 +178,7 @@ class TransDenoiser(ClassifierModule):
         return min(self.sigma, start * (1.0 + hp.ramp_rate) ** self.global_step)
 
     def input_noise(self, x: Tensor, sigma: float) -> Tensor:
-        """``N(0, sigma^2 I)`` shaped like ``x``, from the module's secret generator."""
+        """``N(0, sigma^2 I)`` shaped like ``x``, from the module's secret generator (a new secret per device)."""
         if self._generator is None or self._generator.device != x.device:
             self._generator = secret_generator(self._noise_seed, x.device)
         return sigma * torch.randn(x.shape, generator=self._generator, device=x.device, dtype=x.dtype)

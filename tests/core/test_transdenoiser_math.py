@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.func import functional_call, grad
 
+from lightning_dprobust.core import transdenoiser_math
 from lightning_dprobust.core.per_sample import clip_factors
 from lightning_dprobust.core.transdenoiser_math import (
     gaussian_sigma,
@@ -148,5 +149,18 @@ def test_secret_generator_is_not_the_global_stream_and_a_fixed_seed_warns():
     second = torch.randn(4, generator=secret_generator())
     assert not torch.equal(first, second)
     with pytest.warns(UserWarning, match="replayable"):
-        generator = secret_generator(5)
-    assert torch.equal(torch.randn(3, generator=generator), torch.randn(3, generator=torch.Generator().manual_seed(5)))
+        generators = [secret_generator(5), secret_generator(5)]
+    assert torch.equal(*(torch.randn(3, generator=generator) for generator in generators))
+
+
+@pytest.mark.filterwarnings("ignore:noise seed")
+def test_secret_generator_is_keyed_by_the_whole_secret(monkeypatch):
+    """Two secrets that differ only above bit 32 give different noise (``manual_seed`` keeps 32 bits on CPU)."""
+    low = 0x1234_5678
+    assert not torch.equal(
+        torch.randn(8, generator=secret_generator(low)), torch.randn(8, generator=secret_generator(low + 2**32))
+    )
+    secrets_drawn = iter([low + 2**100, low + 2**64])
+    monkeypatch.setattr(transdenoiser_math.secrets, "randbits", lambda bits: next(secrets_drawn))
+    draws = [torch.randn(8, generator=secret_generator()) for _ in range(2)]
+    assert not torch.equal(*draws)

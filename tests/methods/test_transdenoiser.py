@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.callbacks import DPCallback, TransDenoiserCallback
-from lightning_dprobust.callbacks.transdenoiser import add_slice_noise
+from lightning_dprobust.callbacks.transdenoiser import NOMINAL_SOURCE, VanishingNoiseError, add_slice_noise
+from lightning_dprobust.core.accounting import epsilon_for
 from lightning_dprobust.core.calibration import max_steps_within_budget
 from lightning_dprobust.core.smoothing import Smooth
 from lightning_dprobust.methods import TransDenoiser
@@ -43,14 +44,17 @@ def checksum(module: torch.nn.Module) -> str:
 
 
 class Recorder(Callback):
-    """Keeps each step's ``sigma_bar`` of the TransDenoiser callback."""
+    """Keeps each step's ``sigma_bar`` of the TransDenoiser callback; stops training after ``stop_after`` steps."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_after: int | None = None) -> None:
         self.steps: list[dict[str, float]] = []
+        self.stop_after = stop_after
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         dp = next(c for c in trainer.callbacks if isinstance(c, TransDenoiserCallback))
         self.steps.append(dict(dp.last_multipliers))
+        if len(self.steps) == self.stop_after:
+            trainer.should_stop = True
 
 
 def fit(tmp_path, module, mode: str | None, recorder: Callback | None = None, **trainer_kwargs):
@@ -130,6 +134,61 @@ def test_sepdp_noise_is_at_least_transdenoisers_at_every_step(tmp_path):
     assert any(t["last"] < 2.0 for t in trans.steps)  # the transformation did reduce the noise
 
 
+def test_the_ledger_records_the_noise_added_and_the_thesis_claim_beside_it_as_nominal(tmp_path):
+    """Each step is accounted at the smallest sigma_bar over the slices: the ledger's epsilon is the accountant's value
+    on that sequence, above the thesis's epsilon at xi_up, which is kept as a nominal claim."""
+    recorder = Recorder()
+    _, dp = fit(tmp_path, denoiser(), "transdenoiser", recorder, max_steps=3)
+    added = [min(step.values()) for step in recorder.steps]
+    assert any(value < 2.0 for value in added)
+    q = dp.loaders.sample_rate
+    assert [(e.noise_multiplier, e.steps) for e in dp.ledger.history] == [(value, 1) for value in added]
+    assert dp.epsilon() == pytest.approx(epsilon_for([(v, q, 1) for v in added], 1e-5, dp.accountant), rel=1e-12)
+    claim = dp.thesis_claim()
+    assert (claim.source, claim.epsilon) == (NOMINAL_SOURCE, epsilon_for([(2.0, q, 3)], 1e-5, dp.accountant))
+    assert claim.epsilon < dp.epsilon() < math.inf and not dp.ledger.nominal
+    assert "guarantee of the Gaussian noise added" in dp.privacy_summary() and "nominal epsilon" in dp.privacy_summary()
+
+
+def test_the_budget_holds_for_the_noise_added(tmp_path):
+    """Run to the budget: the recorded epsilon stays within target_epsilon and a further full step would exceed it."""
+    trainer, dp = fit(tmp_path, denoiser(), "transdenoiser", max_epochs=1000)
+    assert dp.ledger.steps == trainer.global_step > 0
+    assert any(e.noise_multiplier < 2.0 for e in dp.ledger.history)
+    assert dp.epsilon() <= 1.0
+    dp.ledger.record(2.0, dp.loaders.sample_rate)
+    assert dp.epsilon() > 1.0
+
+
+def _long_plan_callback(**kwargs) -> TransDenoiserCallback:
+    """T in the hundred thousands (the MNIST recipe plans 25,290): sqrt(T S_min) sigma > xi_up, so sigma_bar = 0."""
+    return TransDenoiserCallback(delta=1e-5, seed=4, target_epsilon=1e4, transform_slices=("last",), **kwargs)
+
+
+def test_a_vanishing_sigma_bar_stops_the_run_before_anything_is_released(tmp_path):
+    module = denoiser()
+    before = checksum(module.denoiser)
+    dp = _long_plan_callback()
+    trainer = quiet_trainer(tmp_path, callbacks=[dp], max_steps=10**6)
+    with pytest.raises(VanishingNoiseError, match=r"sigma_bar = 0 on slice 'last' at step 0 .*fewer steps.*xi_up"):
+        trainer.fit(module, digits(batch_size=64))
+    assert dp.ledger.steps == 0 and checksum(module.denoiser) == before
+
+
+def test_thesis_accounting_records_the_nominal_claim_and_no_guarantee(tmp_path):
+    recorder = Recorder(stop_after=2)
+    dp = _long_plan_callback(thesis_accounting=True)
+    with pytest.warns(UserWarning, match="NOT a differential-privacy guarantee"):
+        quiet_trainer(tmp_path, callbacks=[dp, recorder], max_steps=10**6).fit(denoiser(), digits(batch_size=64))
+    assert [step["last"] for step in recorder.steps] == [0.0, 0.0]  # the thesis's claim with no Gaussian noise
+    assert dp.epsilon() == math.inf
+    (claim,) = dp.ledger.nominal
+    q = dp.loaders.sample_rate
+    assert (claim.source, claim.epsilon) == (NOMINAL_SOURCE, epsilon_for([(2.0, q, 2)], 1e-5, dp.accountant))
+    assert dp.privacy_summary().startswith("no DP guarantee; nominal epsilon")
+    assert dp.ledger.nominal_summary() in dp.privacy_summary()
+
+
 def _ready_callback(tmp_path, **kwargs) -> tuple[TransDenoiserCallback, TransDenoiser]:
     module = denoiser()
     dp = TransDenoiserCallback(delta=1e-5, seed=4, **kwargs)
@@ -194,6 +253,7 @@ def test_certify_smooths_classifier_of_denoiser():
         ({"transform_slices": ("first", "bottom")}, "unknown slices"),
         ({"engine": "ghost"}, "engine"),
         ({"clipping": "psac"}, "clipping"),
+        ({"thesis_accounting": "yes"}, "thesis_accounting"),
     ],
 )
 def test_bad_callback_arguments_are_refused(tmp_path, kwargs, match):
@@ -219,11 +279,13 @@ def test_callback_refuses_a_classifier_module(tmp_path):
         quiet_trainer(tmp_path, callbacks=[TransDenoiserCallback(delta=1e-5)], max_steps=1).fit(module, digits())
 
 
-def test_resume_refuses_another_mode():
+def test_resume_refuses_another_mode_or_accounting():
     dp = TransDenoiserCallback(mode="sepdp", delta=1e-5)
     state = dp.state_dict()
     with pytest.raises(MisconfigurationException, match="mode"):
         TransDenoiserCallback(mode="transdenoiser", delta=1e-5).load_state_dict(state)
+    with pytest.raises(MisconfigurationException, match="thesis_accounting"):
+        TransDenoiserCallback(mode="sepdp", delta=1e-5, thesis_accounting=True).load_state_dict(state)
     assert isinstance(dp, DPCallback) and math.isclose(dp.noise_multiplier, 2.0)
 
 

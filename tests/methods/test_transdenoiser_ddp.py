@@ -24,5 +24,6 @@ def test_two_ranks_share_sigma_bar_replicas_and_ledger(tmp_path):
     first, middle, last = ranks[0]["multipliers"].T
     assert bool((middle == 2.0).all()) and bool((first == 2.0).all()) and bool((last < 2.0).all())
     assert ranks[0]["ledger"] == ranks[1]["ledger"]
-    (steps,) = ranks[0]["ledger"]["history"]
-    assert steps[0] == 2.0 and steps[2] == 3 and abs(steps[1] - 64 / 1293) < 1e-12  # 2 x 32 per step
+    history = ranks[0]["ledger"]["history"]  # each step at the smallest sigma_bar added: the last slice's
+    assert [event[0] for event in history] == last.tolist()
+    assert all(event[2] == 1 and abs(event[1] - 64 / 1293) < 1e-12 for event in history)  # 2 x 32 per step

@@ -72,20 +72,23 @@ class TransDenoiserCallback(DPCallback):
     is released; one draw at the larger of the two scales gives every example at least the scale its case needs
     (the thesis's argument) with less noise, and makes ``sepdp``'s noise an upper bound of ``transdenoiser``'s.
 
-    Guarantees / assumptions (DESIGN.md contract 12):
+    Guarantees / assumptions (docs/design.md, contract 12):
+        ``mode="sepdp"`` records ``xi_up`` at every step and is DP-SGD: :meth:`epsilon` is a guarantee.
+        ``mode="transdenoiser"`` offers **no DP guarantee** (:meth:`epsilon` is ``inf``): its noise scale
+        ``sigma_bar`` is a function of the private batch (through ``S_min``), and a Gaussian mechanism whose variance
+        depends on the data is not differentially private in general (the variance itself can reveal the data).
         The ledger records the Gaussian noise actually added: each step is a Poisson-subsampled Gaussian mechanism
-        (Mironov, Talwar, Zhang 2019) at ``min_s sigma_bar_s``, the smallest multiplier over the slices, a valid
-        noise multiplier for the whole clipped sum (each slice's noise is at least that), so ``epsilon()`` is that
-        history's epsilon. ``sepdp`` records ``xi_up`` at every step and is DP-SGD. ``sigma_bar`` is a function of
-        the private batch (through ``S_min``); the accountant treats each step's value as given, so the guarantee
-        also assumes that the choice of scale reveals nothing beyond the released gradient (not proven, in the
-        thesis or here), and the ledger (checkpointed) holds that data-dependent sequence.
+        (Mironov, Talwar, Zhang 2019) at ``min_s sigma_bar_s``, the smallest multiplier over the slices (each slice's
+        noise is at least that); :meth:`added_noise_epsilon` is that history's epsilon, which would be the guarantee
+        if the choice of scale revealed nothing (not proven, in the thesis or here). It is reported as **nominal**
+        (``privacy/nominal_added_epsilon``), tighter than the thesis's claim only where ``sigma_bar`` stays close to
+        ``xi_up``; the ledger (checkpointed) holds that data-dependent sequence.
 
         The thesis's Theorem 5 (every step as if at ``xi_up``, counting the transformed input noise as gradient
         noise) is kept beside it as a :class:`~lightning_dprobust.core.accounting.NominalEvent`
         (:meth:`thesis_claim`), logged as ``privacy/nominal_epsilon`` and printed as nominal, never as a guarantee.
 
-        ``target_epsilon`` bounds the recorded epsilon (checked on its RDP bound, then on ``accountant``): a step
+        ``target_epsilon`` bounds :meth:`added_noise_epsilon` (checked on its RDP bound, then on ``accountant``): a step
         whose ``sigma_bar`` would overspend gets ``xi_up`` on every slice, and training stops when not even that
         fits. A ``sigma_bar`` of 0 (or so small that one step alone spends more than the budget) stops the run with
         :class:`VanishingNoiseError`, unless ``thesis_accounting=True``: then the ledger holds the thesis's accounting
@@ -196,6 +199,20 @@ class TransDenoiserCallback(DPCallback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         pl_module.log("privacy/nominal_epsilon", self.thesis_claim().epsilon, rank_zero_only=True)
+        if self.mode == "transdenoiser" and not self.thesis_accounting:
+            pl_module.log("privacy/nominal_added_epsilon", self.added_noise_epsilon(), rank_zero_only=True)
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """The DP guarantee: ``sepdp``'s; ``inf`` for ``mode="transdenoiser"``, whose noise scale depends on the
+        private batch (class docstring)."""
+        if self.mode == "transdenoiser":
+            return math.inf
+        return super().epsilon(delta)
+
+    def added_noise_epsilon(self, delta: float | None = None) -> float:
+        """The epsilon of the Gaussian noise added, each step at its smallest ``sigma_bar`` taken as given: nominal
+        for ``mode="transdenoiser"`` (the scale depends on the private batch), the guarantee for ``sepdp``."""
+        return super().epsilon(delta)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_fit_end(trainer, pl_module)
@@ -356,11 +373,16 @@ class TransDenoiserCallback(DPCallback):
         added = self.ledger.history
         smallest = min(e.noise_multiplier for e in added)
         mean = sum(e.noise_multiplier * e.steps for e in added) / self.ledger.steps
-        return (
-            f"epsilon={self.epsilon():.4f} (delta={self.delta:g}, {self.accountant}) is the guarantee of the Gaussian "
+        added = (
+            f"epsilon={self.added_noise_epsilon():.4f} (delta={self.delta:g}, {self.accountant}) for the Gaussian "
             f"noise added, the smallest sigma_bar over the slices at each step (min {smallest:.4g}, mean {mean:.4g}; "
-            f"{self.fallback_steps} steps at xi_up to keep the budget); beside it, {self.thesis_claim().describe()}: "
-            f"{NOMINAL_WARNING}"
+            f"{self.fallback_steps} steps at xi_up to keep the budget)"
+        )
+        if self.mode == "sepdp":
+            return f"{added} is the guarantee"
+        return (
+            f"no DP guarantee (epsilon = inf: sigma_bar is chosen from the private batch); nominal {added}, if that "
+            f"choice revealed nothing; beside it, {self.thesis_claim().describe()}: {NOMINAL_WARNING}"
         )
 
     # ----------------------------------------------------------------------------------------- checkpointing

@@ -18,6 +18,7 @@ class name at the end of its ``class_path``, e.g. ``dp.target_epsilon`` or
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -200,11 +201,17 @@ def train_and_evaluate_generator(config: dict[str, Any], workdir: Path) -> tuple
 
 def privacy_record(dp: Any) -> dict[str, Any]:
     """The guarantee a fitted ``DPCallback`` (or a generative module, which has the same attributes) gives, as the
-    zoo's ``meta.privacy`` (plain floats and ints), with its randomness (:func:`randomness_record`)."""
+    zoo's ``meta.privacy`` (plain floats and ints), with its randomness (:func:`randomness_record`). A TransDenoiser
+    trained with its data-dependent top-up (no guarantee) records the epsilon of the noise it added, as nominal."""
+    from lightning_dprobust.callbacks.transdenoiser import TransDenoiserCallback
+
+    epsilon, accountant = dp.epsilon(), dp.accountant
+    if isinstance(dp, TransDenoiserCallback) and math.isinf(epsilon) and not dp.thesis_accounting:
+        epsilon, accountant = dp.added_noise_epsilon(), "nominal"
     return randomness_record(dp) | {
-        "epsilon": float(dp.epsilon()),
+        "epsilon": float(epsilon),
         "delta": float(dp.delta),
-        "accountant": dp.accountant,
+        "accountant": accountant,
         "noise_multiplier": float(dp.noise_multiplier),
         "max_grad_norm": float(dp.max_grad_norm),
         "sample_rate": float(dp.loaders.sample_rate),

@@ -135,19 +135,29 @@ def test_sepdp_noise_is_at_least_transdenoisers_at_every_step(tmp_path):
 
 
 def test_the_ledger_records_the_noise_added_and_the_thesis_claim_beside_it_as_nominal(tmp_path):
-    """Each step is accounted at the smallest sigma_bar over the slices: the ledger's epsilon is the accountant's value
-    on that sequence, above the thesis's epsilon at xi_up, which is kept as a nominal claim."""
+    """Each step is accounted at the smallest sigma_bar over the slices: the added noise's epsilon is the accountant's
+    value on that sequence, above the thesis's epsilon at xi_up, which is kept as a nominal claim. Both are nominal:
+    sigma_bar is chosen from the private batch, so the DP epsilon is infinite."""
     recorder = Recorder()
     _, dp = fit(tmp_path, denoiser(), "transdenoiser", recorder, max_steps=3)
     added = [min(step.values()) for step in recorder.steps]
     assert any(value < 2.0 for value in added)
     q = dp.loaders.sample_rate
     assert [(e.noise_multiplier, e.steps) for e in dp.ledger.history] == [(value, 1) for value in added]
-    assert dp.epsilon() == pytest.approx(epsilon_for([(v, q, 1) for v in added], 1e-5, dp.accountant), rel=1e-12)
+    expected = epsilon_for([(v, q, 1) for v in added], 1e-5, dp.accountant)
+    assert dp.added_noise_epsilon() == pytest.approx(expected, rel=1e-12)
     claim = dp.thesis_claim()
     assert (claim.source, claim.epsilon) == (NOMINAL_SOURCE, epsilon_for([(2.0, q, 3)], 1e-5, dp.accountant))
-    assert claim.epsilon < dp.epsilon() < math.inf and not dp.ledger.nominal
-    assert "guarantee of the Gaussian noise added" in dp.privacy_summary() and "nominal epsilon" in dp.privacy_summary()
+    assert claim.epsilon < dp.added_noise_epsilon() < math.inf and not dp.ledger.nominal
+    assert dp.epsilon() == math.inf
+    summary = dp.privacy_summary()
+    assert summary.startswith("no DP guarantee (epsilon = inf") and "nominal epsilon" in summary
+
+
+def test_sepdp_is_dp_sgd_and_its_epsilon_a_guarantee(tmp_path):
+    _, dp = fit(tmp_path, denoiser(), "sepdp", max_steps=3)
+    assert dp.epsilon() == dp.added_noise_epsilon() < math.inf
+    assert dp.privacy_summary().endswith("is the guarantee")
 
 
 def test_the_budget_holds_for_the_noise_added(tmp_path):
@@ -155,9 +165,9 @@ def test_the_budget_holds_for_the_noise_added(tmp_path):
     trainer, dp = fit(tmp_path, denoiser(), "transdenoiser", max_epochs=1000)
     assert dp.ledger.steps == trainer.global_step > 0
     assert any(e.noise_multiplier < 2.0 for e in dp.ledger.history)
-    assert dp.epsilon() <= 1.0
+    assert dp.added_noise_epsilon() <= 1.0
     dp.ledger.record(2.0, dp.loaders.sample_rate)
-    assert dp.epsilon() > 1.0
+    assert dp.added_noise_epsilon() > 1.0
 
 
 def _long_plan_callback(**kwargs) -> TransDenoiserCallback:

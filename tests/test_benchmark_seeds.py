@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,3 +84,26 @@ def test_sweeps_saved_by_separate_processes_merge_in_seed_order(tmp_path):
     assert merged.seeds == [0, 1, 2] and merged.values("acc").tolist() == pytest.approx([0.0, 0.1, 0.2])
     with pytest.raises(ValueError, match="repeat a seed"):
         Sweep.merge([tmp_path / "a.json", tmp_path / "a.json"])
+
+
+SPREAD_CALLS = re.compile(r"\.std\(|\bstdev\(|\bpstdev\(|\bddof\b|\bnanstd\(|\.var\(|\bvariance\(")
+
+
+def test_the_shared_helper_is_the_only_place_a_benchmark_computes_a_spread():
+    """Every printed spread is the sample std of :func:`seeds.mean_std` (a script computing its own printed the
+    population std where the README promised the sample std)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    offenders = [
+        f"{path.name}:{number}"
+        for path in sorted(folder.rglob("*.py"))
+        if path.name != "seeds.py"
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if SPREAD_CALLS.search(line.split("#")[0])
+    ]
+    assert not offenders, f"compute spreads with seeds.mean_std / seeds.spread_cell: {offenders}"
+
+
+def test_the_spread_is_the_sample_std():
+    assert seeds.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert seeds.spread_cell([1.0, 2.0, 3.0], digits=1) == "2.0 +- 1.0"
+    assert seeds.spread_cell([4.0]) == "4.00 (1 seed)"

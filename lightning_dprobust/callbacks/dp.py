@@ -266,7 +266,7 @@ class DPCallback(Callback, DeltaAndAccountant):
             if self.stop_reason is None:
                 self.stop_reason = StopReason.BUDGET_EXHAUSTED
                 rank_zero_info(
-                    f"DPCallback: stopping: {self.stop_reason.value} (spent {self.epsilon():.4f} of "
+                    f"DPCallback: stopping: {self.stop_reason.value} (spent {self.budgeted_epsilon():.4f} of "
                     f"{self._limit():.4f} after {self.ledger.steps} steps; min_epochs / min_steps no longer apply)"
                 )
 
@@ -350,6 +350,10 @@ class DPCallback(Callback, DeltaAndAccountant):
         if self._zero_noise_steps or self._unbounded_steps:
             return math.inf
         return self.ledger.epsilon(delta or self.delta, self.accountant)
+
+    def budgeted_epsilon(self) -> float:
+        """The epsilon ``target_epsilon`` and ``epsilon_budget`` bound: the guarantee's."""
+        return self.epsilon()
 
     def _limit(self) -> float:
         return min(limit for limit in (self.target_epsilon, self.epsilon_budget) if limit is not None)

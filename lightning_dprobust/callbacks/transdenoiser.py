@@ -209,6 +209,10 @@ class TransDenoiserCallback(DPCallback):
             return math.inf
         return super().epsilon(delta)
 
+    def budgeted_epsilon(self) -> float:
+        """``target_epsilon`` bounds the epsilon of the noise added (nominal in the top-up mode)."""
+        return self.added_noise_epsilon()
+
     def added_noise_epsilon(self, delta: float | None = None) -> float:
         """The epsilon of the Gaussian noise added, each step at its smallest ``sigma_bar`` taken as given: nominal
         for ``mode="transdenoiser"`` (the scale depends on the private batch), the guarantee for ``sepdp``."""

@@ -27,6 +27,11 @@ from lightning_dprobust.models.ehr_transformer import (
     static_slots,
 )
 
+IMITATOR_SCHEDULE: dict[str, tuple[tuple[str, ...], ...]] = {
+    # loss form: the terms of each of Dec_i's optimizer steps in one iteration
+    "authors": (("adversarial",), ("match",)),
+    "thesis": (("adversarial", "match"),),
+}
 Variant = Literal["igamt", "w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var"]
 VARIANTS: dict[str, tuple[bool, bool, bool, bool]] = {
     # name: (time embedding, static embedding, mask critic D_m, imitator Dec_i)
@@ -52,13 +57,26 @@ class IGAMT(EHRGenerativeModule):
     critics take one step on the sum of their losses (Eq 4.1's ``3 D_x(x m)`` form), where the authors' code steps D_x
     once per fake source; the code's generator gating (``gen_freq_*``) is not reproduced.
 
+    Loss form (``loss_form``, :mod:`~lightning_dprobust.methods.igamt_losses`):
+
+    * ``"authors"`` (default): the authors' code (Temporal-Synthesization, ``code/utils/ehr/igat/igamt_utils.py``,
+      ``model_evaluation``): reconstruction and imitation **summed** over steps and features
+      (``Transformer.compute_recon_loss`` / ``compute_mask_loss``), the mask reconstruction weighted by
+      ``mask_weight`` (``beta_mask``), Dec_i imitating the masks too (``gen_m_match_loss``, ``input_m_match_loss``,
+      ``output_m_match_loss``), and Dec_i taking **two** Adam steps per iteration: one on ``-D_x(x- m-) - D_m(m-)``,
+      then one on the imitation terms, re-evaluated after the first (the code's "step 6: Update Imi").
+    * ``"thesis"``: the thesis text (Eqs 4.4, 4.5): means over steps and features, the masked data only in the
+      imitation, one Dec_i step on the whole ``l_imi``; the mask reconstruction weighted by ``recon_weight``.
+
     Privacy (``noise_multiplier`` not ``None``), through :class:`GenerativeDPModule`:
 
     * ``strict_dp=True`` (default): every component whose gradient reads real data, directly or through a component
       trained without noise, is private: the critics (jointly clipped), Enc and Dec (all layers). Dec_i's imitation
-      targets that read real data (``MSE(x m, .)`` and ``MSE(x^ m^, .)``) are **dropped**; Dec_i then learns from
-      D_x, D_m (private) and Dec's synthesis ``x~`` from G's draws (public), and G from D_z: both are
-      post-processing. The epsilon is a guarantee for everything trained, the release included.
+      targets that read real data (the real ``(x, m)`` and Dec's reconstruction ``(x^, m^)``) are **dropped**; Dec_i
+      then learns from D_x, D_m (private) and Dec's synthesis ``(x~, m~)`` from G's draws (public), and G from D_z:
+      both are post-processing, so Dec_i's steps (two per iteration in the authors' form) are no releases and the
+      ledger composes the ``K`` releases of the critics, Enc and Dec only. The epsilon is a guarantee for everything
+      trained, the release included.
     * ``strict_dp=False``: the thesis: noise only on D_x, D_z, D_m and Dec's last layer (on all of Dec and the
       critics in the ablations without an imitator, thesis 4.2.4), Dec_i keeps all three targets. Enc and Dec's hidden
       layers then carry un-noised information about every record into the noised components' per-example gradients
@@ -79,8 +97,10 @@ class IGAMT(EHRGenerativeModule):
         max_steps: the longest temporal sequence ``T``. d_model, heads, layers, d_ff: the transformers' sizes.
         noise_size: G's input. critic_hidden: the critics' width.
         variant: ``"igamt"`` or an ablation: ``"w/o_emb"``, ``"only_t_emb"``, ``"w/o_imi"``, ``"w/o_imi_var"``.
-        strict_dp: see above. real_weight: the real-term weight of the critic losses (``None``: the number of
-            fake sources, 3 in Eq 4.1). gp_weight: WGAN-GP coefficient. recon_weight: weight of the reconstruction.
+        strict_dp, loss_form: see above (``loss_form``: ``"authors"``, the default, or ``"thesis"``).
+        real_weight: the real-term weight of the critic losses (``None``: the number of fake sources, 3 in Eq 4.1).
+        gp_weight: WGAN-GP coefficient. recon_weight: weight of the reconstruction (the code's ``beta_recon``, 10).
+        mask_weight: weight of the mask reconstruction in the authors' form (the code's ``beta_mask``, 1).
         critic_freq_base / critic_freq_hit: ``fb`` / ``fh`` of the critic schedule.
         synthetic_batch_size: G's and Dec_i's draws per step (independent of the Poisson batch size, which is private).
         **dp_kwargs: see :class:`GenerativeDPModule` (``noise_multiplier``, ``max_grad_norm``, ``clip_mode``, ...).
@@ -100,9 +120,11 @@ class IGAMT(EHRGenerativeModule):
         critic_hidden: int = 32,
         variant: Variant = "igamt",
         strict_dp: bool = True,
+        loss_form: losses.LossForm = "authors",
         real_weight: float | None = None,
         gp_weight: float = 10.0,
         recon_weight: float = 10.0,
+        mask_weight: float = 1.0,
         critic_freq_base: int = 5,
         critic_freq_hit: int = 1,
         lr: float = 5e-4,
@@ -113,6 +135,8 @@ class IGAMT(EHRGenerativeModule):
         super().__init__(**dp_kwargs)
         if variant not in VARIANTS:
             raise MisconfigurationException(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+        if loss_form not in losses.LOSS_FORMS:
+            raise MisconfigurationException(f"loss_form must be one of {losses.LOSS_FORMS}, got {loss_form!r}")
         check_critic_schedule(critic_freq_base, critic_freq_hit)
         self.save_hyperparameters()
         self.static_groups = tuple(int(g) for g in static_groups)
@@ -200,31 +224,43 @@ class IGAMT(EHRGenerativeModule):
                 loss = loss + hp.gp_weight * losses.gradient_penalty(self.critic_m, m, b, alpha)
         return loss
 
+    def reconstruction_loss(self, x: Tensor, m: Tensor, x_hat: Tensor, m_hat: Tensor) -> Tensor:
+        """Weighted ``l_recon`` on steps ``1..T``: ``recon_weight data + w mask``, ``w`` = ``mask_weight`` in the
+        authors' form (``beta_recon * recon_loss + beta_mask * mask_loss``), ``recon_weight`` in the thesis's."""
+        hp = self.hparams
+        data, mask = losses.reconstruction_terms(x[:, 1:], m[:, 1:], x_hat[:, 1:], m_hat[:, 1:], hp.loss_form)
+        return hp.recon_weight * data + (hp.mask_weight if hp.loss_form == "authors" else hp.recon_weight) * mask
+
     def encoder_loss(self, x: Tensor, m: Tensor) -> Tensor:
         """Eq 4.4: ``l_recon + D_z(z)``."""
         z = self.encoder(x, m)
         x_hat, m_hat = self.reconstruct(x, m, z)
-        recon = losses.reconstruction(x[:, 1:], m[:, 1:], x_hat[:, 1:], m_hat[:, 1:])
-        return self.hparams.recon_weight * recon + self.critic_z(z)
+        return self.reconstruction_loss(x, m, x_hat, m_hat) + self.critic_z(z)
 
     def decoder_loss(self, x, m, z_syn, start_x, start_m) -> Tensor:
         """Eq 4.3 + EDGAMT: ``l_recon - (D_x(x^ m^) + D_x(x~ m~)) - (D_m(m^) + D_m(m~))``."""
         z = self.encoder(x, m).detach()
         x_hat, m_hat = self.reconstruct(x, m, z)
         x_syn, m_syn = self.synthesize_with(self.decoder.body, z_syn, start_x, start_m, x.shape[1] - 1)
-        recon = losses.reconstruction(x[:, 1:], m[:, 1:], x_hat[:, 1:], m_hat[:, 1:])
+        recon = self.reconstruction_loss(x, m, x_hat, m_hat)
         dx = [self.critic_x(x_hat * m_hat), self.critic_x(x_syn * m_syn)]
         dm = [self.critic_m(m_hat), self.critic_m(m_syn)] if self.critic_m is not None else []
-        return self.hparams.recon_weight * recon + losses.decoder_adversarial(dx, dm)
+        return recon + losses.decoder_adversarial(dx, dm)
 
-    def imitator_loss(self, z_syn, start_x, start_m, x_syn, m_syn, real_targets: Sequence[Tensor] = ()) -> Tensor:
-        """Eq 4.5 (+ ``-D_m(m-)``): imitate ``x~ m~`` and the masked ``real_targets`` (the thesis: ``x^ m^`` and
-        ``x m``, steps ``1..T``; ``strict_dp`` passes none)."""
-        x_imi, m_imi = self.synthesize_with(self.imitator, z_syn, start_x, start_m, x_syn.shape[1] - 1)
-        imitated = (x_imi * m_imi)[:, 1:]
-        targets = [(x_syn * m_syn)[:, 1:], *real_targets]
-        dm = self.critic_m(m_imi) if self.critic_m is not None else None
-        return losses.imitation(self.critic_x(x_imi * m_imi), dm, imitated, targets)
+    def imitator_loss(
+        self, z_syn, start_x, start_m, targets: Sequence[losses.Record], terms: Sequence[str] = ("adversarial", "match")
+    ) -> Tensor:
+        """Eq 4.5 (+ ``-D_m(m-)``), the ``terms`` of one Dec_i step (:data:`IMITATOR_SCHEDULE`): ``"adversarial"``
+        (``l_di``) and/or ``"match"`` (``l_im`` against ``targets``, records of steps ``1..T``: Dec's synthesis
+        ``(x~, m~)`` first, then, without ``strict_dp``, Dec's reconstruction ``(x^, m^)`` and the real ``(x, m)``)."""
+        x_imi, m_imi = self.synthesize_with(self.imitator, z_syn, start_x, start_m, targets[0][0].shape[1])
+        loss = torch.zeros(z_syn.shape[0], device=z_syn.device)
+        if "adversarial" in terms:
+            dm = self.critic_m(m_imi) if self.critic_m is not None else None
+            loss = loss + losses.imitation_adversarial(self.critic_x(x_imi * m_imi), dm)
+        if "match" in terms:
+            loss = loss + losses.imitation_match((x_imi[:, 1:], m_imi[:, 1:]), targets, self.hparams.loss_form)
+        return loss
 
     def generator_loss(self, s: Tensor) -> Tensor:
         """Eq 4.6: ``-D_z(G(s))``."""
@@ -248,9 +284,7 @@ class IGAMT(EHRGenerativeModule):
             logs[name] = self.component_step(name, "decoder_loss", dec_batch)
         s_pub, start_x_pub, start_m_pub = self.draws(self.hparams.synthetic_batch_size, device)
         if self.imitator is not None:
-            logs["imitator"] = self.component_step(
-                "imitator", self._imitator_closure(x, m, s_pub, start_x_pub, start_m_pub)
-            )
+            logs["imitator"] = self._imitator_steps(x, m, s_pub, start_x_pub, start_m_pub)
         logs["generator"] = self.component_step("generator", lambda: self.generator_loss(s_pub))
         finite = {f"train/{k}_loss": v for k, v in logs.items() if torch.isfinite(v)}  # an empty Poisson batch: NaN
         self.log_dict(finite, on_step=False, on_epoch=True)
@@ -267,20 +301,29 @@ class IGAMT(EHRGenerativeModule):
             x_imi, m_imi = self.synthesize_with(self.imitator, z_syn, start_x, start_m, x.shape[1] - 1)
         return x_hat, m_hat, z, z_syn, x_syn, m_syn, x_imi, m_imi
 
-    def _imitator_closure(self, x, m, s, start_x, start_m):
+    def _imitator_steps(self, x, m, s, start_x, start_m) -> Tensor:
+        """Dec_i's optimizer steps of one iteration (:data:`IMITATOR_SCHEDULE`); returns the sum of their losses.
+
+        Each step reads the same draws and targets and re-synthesizes through the current Dec_i."""
+        draws = self._imitator_targets(x, m, s, start_x, start_m)
+        total = torch.zeros((), device=x.device)
+        for terms in IMITATOR_SCHEDULE[self.hparams.loss_form]:
+            total = total + self.component_step("imitator", lambda terms=terms: self.imitator_loss(*draws, terms))
+        return total
+
+    def _imitator_targets(self, x, m, s, start_x, start_m) -> tuple[Tensor, Tensor, Tensor, list[losses.Record]]:
+        """G's latents, start steps and Dec_i's targets (steps ``1..T``; the model's outputs without gradient). Under
+        ``strict_dp`` (or on an empty batch) the only target is Dec's synthesis from the public draws; otherwise the
+        thesis pairs real example ``i`` with draw ``i`` and adds Dec's reconstruction and the real record."""
+        k = 0 if self.hparams.strict_dp else min(len(x), len(s))
         with torch.no_grad():
             z_syn = self.generator(s)
             x_syn, m_syn = self.synthesize_with(self.decoder.body, z_syn, start_x, start_m, x.shape[1] - 1)
-            k = 0 if self.hparams.strict_dp else min(len(x), len(s))  # the thesis pairs real example i with draw i
-            x_hat, m_hat = self.reconstruct(x[:k], m[:k], self.encoder(x[:k], m[:k])) if k else (x[:0], m[:0])
-
-        def loss() -> Tensor:
-            if k == 0:  # strict_dp, or an empty batch
-                return self.imitator_loss(z_syn, start_x, start_m, x_syn, m_syn)
-            real_targets = [(x_hat * m_hat)[:, 1:], (x[:k] * m[:k])[:, 1:]]
-            return self.imitator_loss(z_syn[:k], start_x[:k], start_m[:k], x_syn[:k], m_syn[:k], real_targets)
-
-        return loss
+            x_hat, m_hat = self.reconstruct(x[:k], m[:k], self.encoder(x[:k], m[:k])) if k else (x, m)
+        if k == 0:
+            return z_syn, start_x, start_m, [(x_syn[:, 1:], m_syn[:, 1:])]
+        targets = [(x_syn[:k, 1:], m_syn[:k, 1:]), (x_hat[:, 1:], m_hat[:, 1:]), (x[:k, 1:], m[:k, 1:])]
+        return z_syn[:k], start_x[:k], start_m[:k], targets
 
     # ------------------------------------------------------------------------------------------- release
     def release(self) -> ReleasedSynthesizer:

@@ -65,7 +65,7 @@ def spy_components(module, x):
 def test_strict_dp_noises_every_component_that_reads_real_data():
     module = ready(small(noise_multiplier=1.0, dp_seed=1))
     stepped, noised, reads = spy_components(module, ehr_batch()[0])
-    assert stepped == ["critics", "encoder", "decoder", "imitator", "generator"]
+    assert stepped == ["critics", "encoder", "decoder", "imitator", "imitator", "generator"]  # authors: 2 Dec_i steps
     assert noised == {"critics", "encoder", "decoder"} == module.private_components()
     assert reads <= noised  # G and Dec_i learn from nothing but noised components and public draws
     assert module.nominal_reason() is None
@@ -74,7 +74,7 @@ def test_strict_dp_noises_every_component_that_reads_real_data():
 def test_thesis_wiring_noises_critics_and_dec_last_only_and_is_nominal():
     module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=False))
     stepped, noised, reads = spy_components(module, ehr_batch()[0])
-    assert stepped == ["critics", "encoder", "decoder_body", "decoder_last", "imitator", "generator"]
+    assert stepped == ["critics", "encoder", "decoder_body", "decoder_last", "imitator", "imitator", "generator"]
     assert noised == {"critics", "decoder_last"}
     # the leak of spec 4.6: components that read real data without noise; hence nominal only
     assert reads - noised == {"encoder", "decoder_body", "imitator"}
@@ -139,7 +139,7 @@ def test_critic_schedule():
 
 
 def test_loss_composition_on_fixed_tensors():
-    module = small(gp_weight=0.0, recon_weight=2.0, real_weight=None)
+    module = small(gp_weight=0.0, recon_weight=2.0, real_weight=None, loss_form="thesis")
     x, m = ehr_batch()
     fakes = [ehr_batch(seed=s) for s in (2, 3, 4)]
     z, z_syn = torch.randn(4, 16), torch.randn(4, 16)
@@ -153,6 +153,11 @@ def test_loss_composition_on_fixed_tensors():
     bce = torch.nn.functional.binary_cross_entropy
     recon = torch.stack([bce(x_hat[i] * m_hat[i], x[i, 1:] * m[i, 1:]) + bce(m_hat[i], m[i, 1:]) for i in range(4)])
     torch.testing.assert_close(module.encoder_loss(x, m), 2.0 * recon + dz(z_real))
+    module.hparams.loss_form, module.hparams.mask_weight = "authors", 0.5  # beta_recon (l_1 + l_2) / 2 + beta_mask l_m
+    data = torch.stack([bce(x_hat[i], x[i, 1:]) + bce(x_hat[i] * m_hat[i], x[i, 1:] * m[i, 1:]) for i in range(4)])
+    mask = torch.stack([bce(m_hat[i], m[i, 1:], reduction="sum") for i in range(4)])
+    cells = x_hat[0].numel()  # the authors' code sums over steps and features
+    torch.testing.assert_close(module.encoder_loss(x, m), 2.0 * cells * data / 2 + 0.5 * mask + dz(z_real))
 
 
 def test_released_artifact_is_g_imitator_and_last_layer_and_synthesizes_alone(tmp_path):
@@ -195,10 +200,35 @@ def test_fit_accounts_every_iteration_at_sigma_over_sqrt_k(tmp_path):
     assert f"epsilon {module.epsilon():.4g} at delta 1e-05 (rdp), 4 steps" in module.privacy_summary()
 
 
+@pytest.mark.parametrize(("loss_form", "imitator_steps"), [("authors", 2), ("thesis", 1)])
+def test_the_imitator_takes_its_loss_forms_steps_and_the_ledger_counts_every_release(
+    tmp_path, loss_form, imitator_steps
+):
+    """The authors' code steps Dec_i twice per iteration (``igamt_utils.py``, "step 6: Update Imi"); under strict_dp
+    Dec_i reads no real data, so neither step is a release: the ledger composes the critics', Enc's and Dec's."""
+    module = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2, accountant="rdp", loss_form=loss_form)
+    steps = []
+    configure = module.configure_optimizers
+
+    def counting_optimizers():
+        optimizers = configure()
+        imitator = optimizers[list(module.component_modules()).index("imitator")]
+        imitator.register_step_post_hook(lambda *_: steps.append(module.iteration))
+        return optimizers
+
+    module.configure_optimizers = counting_optimizers
+    quiet_trainer(tmp_path, max_epochs=1).fit(module, EHRData(n=16, batch_size=4))
+    assert module.iteration == 4 and sorted(steps) == [i for i in range(4) for _ in range(imitator_steps)]
+    expected = [(1 / math.sqrt(3), 0.25, 1), (1 / math.sqrt(2), 0.25, 1)] * 2  # K = 3 with the critics, else 2
+    assert [(e.noise_multiplier, e.sample_rate, e.steps) for e in module.ledger.history] == expected
+    assert module.epsilon(1e-5) == pytest.approx(epsilon_for(expected, 1e-5, "rdp"))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"variant": "igamt_plus"}, "variant must be one of"),
+        ({"loss_form": "paper"}, "loss_form must be one of"),
         ({"critic_freq_base": 1, "critic_freq_hit": 2}, "critic_freq_hit <= critic_freq_base"),
         ({"static_continuous": 5}, "static layout needs 7 slots"),
         ({"clip_mode": "micro"}, r"clip_mode=.micro.\) must be one of"),

@@ -19,8 +19,10 @@ sigma 0.5. ``--sigmas none`` trains without DP (no clipping, no noise; epsilon i
 the IGAMT models with ``strict_dp=False`` (noise on the critics and Dec's last layer only; its epsilon is **nominal**,
 no guarantee); the baselines have one wiring and are refused with it. ``--via-decoder`` adds, for IGAMT, a row that
 scores the same trained model synthesizing through Dec's own body instead of the imitator Dec_i ({G, Dec, Dec.last};
-a diagnostic, not the thesis's release; DP under ``strict_dp``, which noises all of Dec). ``--models real_train
---sigmas 1`` scores real training records instead.
+a diagnostic, not the thesis's release; DP under ``strict_dp``, which noises all of Dec). ``--loss-form thesis`` trains
+the IGAMT models with the thesis text's losses (means, no mask imitation, one Dec_i step) instead of the authors' code's
+(the default, :class:`~lightning_dprobust.methods.igamt.IGAMT`'s ``loss_form``). ``--models real_train --sigmas 1``
+scores real training records instead.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.demo_ehr import SMALL_DATA
 from lightning_dprobust.methods.ehr_baselines import BASELINES
 from lightning_dprobust.methods.igamt import IGAMT
+from lightning_dprobust.methods.igamt_losses import LOSS_FORMS
 from lightning_dprobust.metrics.synthetic import similarity_report
 from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
@@ -58,15 +61,17 @@ COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
 )
 
 
-def build(model: str, sigma: float | None, seed: int, wiring: str = "strict") -> L.LightningModule:
+def build(
+    model: str, sigma: float | None, seed: int, wiring: str = "strict", loss_form: str = "authors"
+) -> L.LightningModule:
     """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma`` (``None``: no DP), delta 1e-5, DP draws
-    seeded by ``seed``; ``wiring`` (:data:`WIRINGS`) sets IGAMT's ``strict_dp``."""
+    seeded by ``seed``; ``wiring`` (:data:`WIRINGS`) sets IGAMT's ``strict_dp``, ``loss_form`` its ``loss_form``."""
     common = {"max_steps": SMALL_DATA["num_steps"], "noise_multiplier": sigma, "delta": 1e-5, "dp_seed": seed}
     common["accountant"] = "rdp"
     if model in BASELINES:
         return BASELINES[model](**common)
     variant = model.removeprefix("igamt_") if model != "igamt" else "igamt"
-    return IGAMT(variant=variant, strict_dp=wiring == "strict", **common)
+    return IGAMT(variant=variant, strict_dp=wiring == "strict", loss_form=loss_form, **common)
 
 
 def decoder_release(module: IGAMT) -> ReleasedSynthesizer:
@@ -84,11 +89,12 @@ def train_and_score(
     mask: str = "threshold",
     wiring: str = "strict",
     via_decoder: bool = False,
+    loss_form: str = "authors",
 ) -> dict[str, float]:
     if model == REFERENCE:
         return reference_score(seed)
     L.seed_everything(seed, verbose=False)
-    module = build(model, sigma, seed, wiring)
+    module = build(model, sigma, seed, wiring, loss_form)
     data = EHRDataModule(**SMALL_DATA)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -157,9 +163,10 @@ def parse_sigma(text: str) -> float | None:
     return sigma
 
 
-def row_label(model: str, sigma: float | None, wiring: str) -> str:
-    """``model[ (thesis wiring)]@sigma`` (``none`` without DP): a row of :func:`table`."""
-    return f"{model}{' (thesis wiring)' if wiring == 'thesis' else ''}@{'none' if sigma is None else f'{sigma:g}'}"
+def row_label(model: str, sigma: float | None, wiring: str, loss_form: str = "authors") -> str:
+    """``model[ (thesis wiring)][ (thesis losses)]@sigma`` (``none`` without DP): a row of :func:`table`."""
+    tags = (" (thesis wiring)" if wiring == "thesis" else "") + (" (thesis losses)" if loss_form == "thesis" else "")
+    return f"{model}{tags}@{'none' if sigma is None else f'{sigma:g}'}"
 
 
 def main() -> None:
@@ -170,18 +177,22 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--mask", default=MASKS[0], choices=MASKS, help="how masks are read (default m > 1/2)")
     parser.add_argument("--wiring", default=WIRINGS[0], choices=WIRINGS, help="IGAMT's strict_dp (default) or not")
+    parser.add_argument("--loss-form", default=LOSS_FORMS[0], choices=LOSS_FORMS, help="IGAMT's losses")
     parser.add_argument("--via-decoder", action="store_true", help="also score IGAMT synthesizing through Dec")
     parser.add_argument("--out", default="runs/ehr_similarity.json", help="per-seed numbers (JSON)")
     args = parser.parse_args()
-    if args.wiring == "thesis" and set(args.models) & {*BASELINES, REFERENCE}:
-        parser.error("--wiring thesis applies to the IGAMT models only: pass --models igamt igamt_w/o_imi ...")
+    if "thesis" in (args.wiring, args.loss_form) and set(args.models) & {*BASELINES, REFERENCE}:
+        parser.error(
+            "--wiring / --loss-form thesis apply to the IGAMT models only: pass --models igamt igamt_w/o_imi ..."
+        )
     warnings.filterwarnings("ignore", ".*(reproducibility mode|LeafSpec|does not have many workers|self.log).*")
     out, results = Path(args.out), {}
     out.parent.mkdir(parents=True, exist_ok=True)
     for sigma in args.sigmas:
         for model in args.models if sigma == args.sigmas[0] else ["igamt"]:
-            label = row_label(model, sigma, args.wiring)
+            label = row_label(model, sigma, args.wiring, args.loss_form)
             options = {"epochs": args.epochs, "mask": args.mask, "wiring": args.wiring, "via_decoder": args.via_decoder}
+            options["loss_form"] = args.loss_form
             results[label] = sweep(partial(train_and_score, model, sigma, **options), args.seeds, label)
             saved = {key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()}
             out.write_text(json.dumps(saved, indent=1))

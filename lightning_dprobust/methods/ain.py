@@ -3,6 +3,7 @@ Adversarial Robustness", PhD thesis, Emory University 2021, chapter 5 (TDSC 2021
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from lightning_dprobust.methods.ain_logging import log_examples
 from lightning_dprobust.methods.base import ClassifierModule
 from lightning_dprobust.methods.transdenoiser import load_public_classifier
 from lightning_dprobust.models.ain import AINGenerator
+from lightning_dprobust.robustness.ain_attack import CONDITIONS, Condition
 from lightning_dprobust.robustness.attacks import attack_guard
 
 
@@ -64,14 +66,18 @@ class AIN(ClassifierModule):
     ``b_d L_d + b_m L_m + b_c L_c`` plus ``b_label`` times the conditional state extractor's cross-entropy. ``L_m``
     imitates i-FGSM examples of ``F`` computed once per example (:class:`ImitationTargets`). After each validation
     epoch the bound follows Algorithm 2 (:class:`~lightning_dprobust.core.ain_schedule.BoundController`): on a
-    rollback the generator's weights of the previous epoch are restored. ``forward(x)`` is ``F`` on AIN's examples
-    of ``x`` conditioned on ``F``'s prediction.
+    rollback the generator's weights and the optimizer's state (Adam's moments and step count) of the previous epoch
+    are restored; the learning rate keeps its schedule. Training conditions the generator on the true label (the
+    thesis's Eq 5.1); validation and test condition it on ``condition`` (default ``F``'s prediction, what an attacker
+    without labels has; ``"true_label"``: the label). ``forward(x)`` is ``F`` on AIN's examples of ``x`` conditioned
+    on ``F``'s prediction.
 
     Guarantees:
         ``F`` never trains: ``requires_grad=False``, always in eval mode; the optimizer holds the generator only.
         The bound is the generator's buffer ``bound``, so checkpoints and saved weights carry it; the controller's
-        state and the previous epoch's weights are checkpointed too. AIN's training is not private (no DP callback is
-        accepted); a classifier trained on AIN's examples can be (``AdversarialAugmentation`` under ``DPCallback``).
+        state and the previous epoch's weights and optimizer state are checkpointed too. AIN's training is not
+        private (no DP callback is accepted); a classifier trained on AIN's examples can be
+        (``AdversarialAugmentation`` under ``DPCallback``).
 
     Args:
         target: the frozen target: a zoo entry name, ``"timm/<arch>"``, a Lightning ``.ckpt`` of a classifier trained
@@ -85,6 +91,8 @@ class AIN(ClassifierModule):
         beta_d, beta_m, beta_c, beta_m1, beta_m2, beta_label: loss weights. kappa: floor ``-kappa`` of ``L_c``.
         ifgsm_eps, ifgsm_alpha, ifgsm_steps: the i-FGSM imitation attack (Linf budget, step, iterations).
         lr_decay: per-epoch multiplicative learning-rate decay (0.99 in the thesis).
+        condition: the label the generator is conditioned on in validation and test, ``"prediction"`` (``F``'s) or
+            ``"true_label"`` (see :class:`~lightning_dprobust.robustness.ain_attack.AINAttack`).
         num_classes, input_shape: the data's (linked from the data module by the CLI).
         mean, std: ignored (linked from the data module): the generator works on ``[0, 1]`` images and the target
             carries its own normalization.
@@ -119,6 +127,7 @@ class AIN(ClassifierModule):
         ifgsm_alpha: float = 0.004,
         ifgsm_steps: int = 50,
         lr_decay: float = 0.99,
+        condition: Condition = "prediction",
         optimizer: Literal["sgd", "adam", "adamw"] = "adam",
         lr: float = 1e-3,
         num_classes: int = 10,
@@ -129,6 +138,8 @@ class AIN(ClassifierModule):
     ) -> None:
         input_shape = tuple(input_shape)
         _check_arguments(target_class, num_classes, initial_bound, decay, decay_rate, decay_step_size, ifgsm_steps)
+        if condition not in CONDITIONS:
+            raise ValueError(f"AIN(condition={condition!r}) is unknown: choose one of {CONDITIONS}")
         generator = AINGenerator(num_classes, input_shape, noise_std=noise_std, **(generator_kwargs or {}))
         super().__init__(
             model=generator, num_classes=num_classes, input_shape=input_shape, optimizer=optimizer, lr=lr, **kwargs
@@ -146,6 +157,7 @@ class AIN(ClassifierModule):
         self.imitation = ImitationTargets(self._imitation_attack(ifgsm_eps, ifgsm_alpha, ifgsm_steps))
         self.noise = torch.Generator().manual_seed(noise_seed)
         self.previous_weights: dict[str, Tensor] | None = None
+        self.previous_optimizer: dict[str, Any] | None = None
         self.val_success, self.val_linf = MeanMetric(), MeanMetric()
 
     # ------------------------------------------------------------------------------------------------- model
@@ -222,6 +234,28 @@ class AIN(ClassifierModule):
         self.noise = torch.Generator(device=self.device).manual_seed(self.hparams.noise_seed)
         if self.previous_weights is None:
             self.previous_weights = _snapshot(self.generator)
+        if self.previous_optimizer is None:
+            self.previous_optimizer = copy.deepcopy(self._optimizer().state_dict())
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        optimizer = self.optimizers(use_pl_optimizer=False)
+        return optimizer[0] if isinstance(optimizer, list) else optimizer
+
+    def _roll_back(self) -> None:
+        """Restore the previous epoch's generator weights and optimizer state (Adam's ``exp_avg``, ``exp_avg_sq``,
+        ``step``), keeping the current learning rate: the rolled-back epoch leaves no trace but the slower decay.
+        The optimizer gets a copy, so the saved state is never updated in place."""
+        self.generator.load_state_dict(self.previous_weights)
+        optimizer = self._optimizer()
+        state = copy.deepcopy(self.previous_optimizer)
+        state["param_groups"] = optimizer.state_dict()["param_groups"]
+        optimizer.load_state_dict(state)
+
+    def _accept(self, bound: float) -> None:
+        """Take the epoch: the generator gets the decayed ``bound``; its weights and the optimizer state are saved."""
+        self.generator.bound.fill_(bound)
+        self.previous_weights = _snapshot(self.generator)
+        self.previous_optimizer = copy.deepcopy(self._optimizer().state_dict())
 
     # -------------------------------------------------------------------------------------------- validation
     def success(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -236,7 +270,8 @@ class AIN(ClassifierModule):
         x, y = batch
         check_batch(x, y, self.num_classes, self.input_shape)
         noise = torch.Generator(device=x.device).manual_seed(0)
-        adversarial = self.generator(x, y, generator=noise)
+        condition = self.target(x).argmax(dim=1) if self.hparams.condition == "prediction" else y
+        adversarial = self.generator(x, condition, generator=noise)
         success, weight = self.success(self.target(adversarial), y)
         if weight.sum() > 0:
             self.val_success.update(success, weight)
@@ -256,10 +291,9 @@ class AIN(ClassifierModule):
             return
         decision = self.controller.update(self.validation_success())
         if decision.action == "rollback":
-            self.generator.load_state_dict(self.previous_weights)
+            self._roll_back()
         else:
-            self.generator.bound.fill_(decision.bound)
-            self.previous_weights = _snapshot(self.generator)
+            self._accept(decision.bound)
         self.log_dict(
             {
                 "ain/bound": self.bound,
@@ -276,13 +310,18 @@ class AIN(ClassifierModule):
     # ----------------------------------------------------------------------------------------- checkpointing
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["ain"] = {"controller": self.controller.state_dict(), "previous_weights": self.previous_weights}
+        checkpoint["ain"] = {
+            "controller": self.controller.state_dict(),
+            "previous_weights": self.previous_weights,
+            "previous_optimizer": self.previous_optimizer,
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         if "ain" in checkpoint:
             self.controller.load_state_dict(checkpoint["ain"]["controller"])
             self.previous_weights = checkpoint["ain"]["previous_weights"]
+            self.previous_optimizer = checkpoint["ain"].get("previous_optimizer")
 
     def configure_optimizers(self) -> Any:
         optimizer = super().configure_optimizers()

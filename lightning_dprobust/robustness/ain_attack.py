@@ -2,15 +2,21 @@
 
 :class:`AINAttack` turns clean images into adversarial ones with one forward pass of the generator; it is
 example-separable (registered in :data:`~lightning_dprobust.robustness.separability.SEPARABLE_ATTACKS`): example
-``i``'s output is a function of ``x[i]``, ``y[i]``, the frozen generator and noise drawn from the attack's own
-``generator``, so it runs on private training data (``AdversarialAugmentation``, ``DPAdv``).
+``i``'s output is a function of ``x[i]``, its conditioning label (the attacked model's prediction on ``x[i]``, or
+``y[i]``), the frozen generator and noise drawn from the attack's own ``generator``, so it runs on private training
+data (``AdversarialAugmentation``, ``DPAdv``).
+
+The generator is conditioned on a class label (thesis section 5.2.2). An attacker does not know the true label of the
+image it perturbs, so by default the label is the attacked model's prediction (``condition="prediction"``);
+``condition="true_label"`` conditions on the label passed to the attack, which gives the attack information a
+label-free attacker lacks and overstates its success on misclassified examples.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +27,9 @@ from lightning_dprobust.models.ain import AINGenerator
 
 AIN_CLASS = "lightning_dprobust.methods.ain:AIN"
 """The class an AIN checkpoint names (``dprobust_class``)."""
+Condition = Literal["prediction", "true_label"]
+CONDITIONS: tuple[str, ...] = ("prediction", "true_label")
+"""What an AIN is conditioned on at attack time: the attacked model's prediction (default) or the true label."""
 
 
 def load_ain_generator(source: str | AINGenerator) -> AINGenerator:
@@ -75,10 +84,11 @@ def _from_zoo(name: str) -> AINGenerator:
 class AINAttack(Attack):
     """Adversarial examples from a trained AIN generator: ``x' = clip(x + clip(z, -eps, eps), 0, 1)``.
 
-    Guarantees: ``||x' - x||_inf <= eps`` and ``x'`` in ``[0, 1]``. Example ``i``'s output depends on ``x[i]``,
-    ``labels[i]`` (the conditioning label), the generator and its own noise draws, taken from this attack's
-    ``generator`` (never the global RNG). With ``n_samples > 1`` each example keeps the first of its draws that
-    ``model`` misclassifies (targeted AIN: classifies as the AIN's target class), else its last draw.
+    Guarantees: ``||x' - x||_inf <= eps`` and ``x'`` in ``[0, 1]``. Example ``i``'s output depends on ``x[i]``, its
+    conditioning label (``condition="prediction"``: ``model``'s prediction on ``x[i]``; ``"true_label"``:
+    ``labels[i]``), the generator and its own noise draws, taken from this attack's ``generator`` (never the global
+    RNG). With ``n_samples > 1`` each example keeps the first of its draws that ``model`` misclassifies (``labels``
+    taken as the truth; targeted AIN: classified as the AIN's target class), else its last draw.
 
     Assumptions: the AIN was trained down to a bound ``B_final`` (its buffer ``bound``); ``eps >= B_final`` (thesis
     section 5.2.3): a smaller ``eps`` is refused.
@@ -88,12 +98,25 @@ class AINAttack(Attack):
         ain: an :class:`~lightning_dprobust.models.AINGenerator`, an AIN ``.ckpt`` or a zoo entry of kind attack.
         eps: the Linf bound used at inference (pixel units).
         n_samples: noise draws tried per example. seed: seed of the attack's own noise generator.
+        condition: ``"prediction"`` (default: what an attacker without labels can do) or ``"true_label"``.
+
+    Raises:
+        ValueError: ``eps`` below the trained bound or not finite, ``n_samples < 1``, an unknown ``condition``.
     """
 
     def __init__(
-        self, model: nn.Module, ain: str | AINGenerator, eps: float, n_samples: int = 1, seed: int = 0
+        self,
+        model: nn.Module,
+        ain: str | AINGenerator,
+        eps: float,
+        n_samples: int = 1,
+        seed: int = 0,
+        condition: Condition = "prediction",
     ) -> None:
         super().__init__("AIN", model)
+        if condition not in CONDITIONS:
+            raise ValueError(f"AINAttack(condition={condition!r}) is unknown: choose one of {CONDITIONS}")
+        self.condition = condition
         self.ain = load_ain_generator(ain)
         trained = float(self.ain.bound)
         if not (math.isfinite(eps) and eps >= 0) or n_samples < 1:
@@ -120,16 +143,22 @@ class AINAttack(Attack):
     ) -> Tensor:
         """``n_samples`` diverse adversarial versions of each image: ``[n_samples, B, C, H, W]``.
 
-        ``labels`` (the conditioning label) defaults to ``model``'s prediction; ``bound`` defaults to ``eps``.
+        ``labels`` (the conditioning label itself) defaults to ``model``'s prediction; ``bound`` defaults to ``eps``.
         """
         bound = self.eps if bound is None else float(bound)
         if bound < float(self.ain.bound) - 1e-6:
             raise ValueError(f"generate(bound={bound:g}) is below the trained bound {float(self.ain.bound):.4g}")
         x = x.to(self.device)
-        if labels is None:
-            with torch.no_grad():
-                labels = self.get_logits(x).argmax(dim=1)
-        return torch.stack([self._draw(x, labels.to(self.device), bound) for _ in range(n_samples)])
+        labels = self._predicted(x) if labels is None else labels.to(self.device)
+        return torch.stack([self._draw(x, labels, bound) for _ in range(n_samples)])
+
+    def conditioning_labels(self, images: Tensor, labels: Tensor) -> Tensor:
+        """The labels the generator is conditioned on: ``model``'s predictions, or ``labels`` (``"true_label"``)."""
+        return labels if self.condition == "true_label" else self._predicted(images)
+
+    def _predicted(self, images: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self.get_logits(images).argmax(dim=1)
 
     def _draw(self, x: Tensor, labels: Tensor, bound: float) -> Tensor:
         self.ain.to(x.device)
@@ -138,19 +167,19 @@ class AINAttack(Attack):
 
     def forward(self, images: Tensor, labels: Tensor) -> Tensor:
         x, y = images.clone().detach().to(self.device), labels.clone().detach().to(self.device)
-        best = self._draw(x, y, self.eps)
+        condition = self.conditioning_labels(x, y)
+        best = self._draw(x, condition, self.eps)
         if self.n_samples == 1:
             return best
         done = self._fooled(best, y)
         for _ in range(self.n_samples - 1):
-            draw = self._draw(x, y, self.eps)
+            draw = self._draw(x, condition, self.eps)
             best = torch.where(done.view(-1, *([1] * (x.dim() - 1))), best, draw)
             done = done | self._fooled(draw, y)
         return best
 
     def _fooled(self, images: Tensor, labels: Tensor) -> Tensor:
-        with torch.no_grad():
-            predicted = self.get_logits(images).argmax(dim=1)
+        predicted = self._predicted(images)
         return predicted != labels if self.target_class is None else predicted == self.target_class
 
 
@@ -166,7 +195,8 @@ def success_rate(model: nn.Module, adversarial: Tensor, labels: Tensor, target_c
 
 
 def ain_attack(model: nn.Module, eps: float, ain: str | AINGenerator | None = None, **kwargs: Any) -> AINAttack:
-    """Suite builder: :class:`AINAttack` on ``model`` with bound ``eps``; ``ain`` names the trained AIN."""
+    """Suite builder: :class:`AINAttack` on ``model`` with bound ``eps``; ``ain`` names the trained AIN; ``kwargs``
+    go to :class:`AINAttack` (``n_samples``, ``seed``, ``condition``: the model's prediction unless told)."""
     if ain is None:
         raise ValueError(
             "the AIN attack needs a trained AIN: pass ain=<AIN .ckpt or zoo entry of kind attack> "
@@ -175,4 +205,4 @@ def ain_attack(model: nn.Module, eps: float, ain: str | AINGenerator | None = No
     return AINAttack(model, ain, eps, **kwargs)
 
 
-__all__ = ["AIN_CLASS", "AINAttack", "ain_attack", "load_ain_generator", "success_rate"]
+__all__ = ["AIN_CLASS", "CONDITIONS", "AINAttack", "Condition", "ain_attack", "load_ain_generator", "success_rate"]

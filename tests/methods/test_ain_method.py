@@ -95,6 +95,71 @@ def test_a_rollback_restores_the_previous_weights_keeps_the_bound_and_slows_the_
     assert module.controller.rate == pytest.approx(-0.015)
 
 
+def _adam_state(trainer) -> dict:
+    """A copy of the optimizer's per-parameter state (``exp_avg``, ``exp_avg_sq``, ``step``)."""
+    state = trainer.optimizers[0].state_dict()["state"]
+    return {index: {key: value.clone() for key, value in entry.items()} for index, entry in state.items()}
+
+
+def _same(first: dict, second: dict) -> bool:
+    return first.keys() == second.keys() and all(
+        first[i].keys() == second[i].keys() and all(torch.equal(first[i][k], second[i][k]) for k in first[i])
+        for i in first
+    )
+
+
+def test_a_rollback_restores_the_optimizer_state_of_the_accepted_epoch_and_keeps_the_learning_rate(tmp_path):
+    module = _module()
+    script = iter([1.0, 0.5, 0.5])  # epoch 1 accepted, epochs 2 and 3 rolled back
+    module.validation_success = lambda: next(script)
+    states, rates = [], []
+
+    class Record(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            states.append(_adam_state(trainer))
+            rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+        def on_train_end(self, trainer, pl_module):
+            states.append(_adam_state(trainer))
+
+    train, val = _loaders()
+    trainer = quiet_trainer(tmp_path, max_epochs=3, limit_val_batches=None, callbacks=[Record()])
+    trainer.fit(module, train, val)
+    accepted = states[1]
+    assert accepted and all(int(entry["step"]) == 3 for entry in accepted.values())  # 48 examples, batch 16
+    assert _same(states[2], accepted) and _same(states[3], accepted)  # the saved state is never updated in place
+    first = next(iter(accepted.values()))
+    assert set(first) == {"step", "exp_avg", "exp_avg_sq"} and first["exp_avg"].abs().sum() > 0
+    assert rates == pytest.approx([1e-3, 1e-3 * 0.99, 1e-3 * 0.99**2])  # the learning rate keeps its schedule
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 * 0.99**3)
+
+
+def _recording(generator: torch.nn.Module) -> list[torch.Tensor]:
+    """Record the conditioning labels of every generator pass."""
+    seen, forward = [], generator.forward
+
+    def record(x, labels, *args, **kwargs):
+        seen.append(labels.clone())
+        return forward(x, labels, *args, **kwargs)
+
+    generator.forward = record
+    return seen
+
+
+def test_validation_conditions_on_the_targets_prediction_unless_told_to_use_the_true_label():
+    x, _ = next(iter(_loaders(16)[1]))
+    for condition in ("prediction", "true_label"):
+        module = _module(condition=condition)
+        seen = _recording(module.generator)
+        module.log = lambda *args, **kwargs: None
+        module._trainer = type("Trainer", (), {"sanity_checking": True})()
+        labels = (module.target(x).argmax(dim=1) + 1) % 10
+        module._evaluate((x, labels), "test", None)
+        expected = module.target(x).argmax(dim=1) if condition == "prediction" else labels
+        assert torch.equal(seen[0], expected)
+    assert _module().hparams.condition == "prediction"
+
+
 def test_the_bound_and_the_controller_travel_with_the_checkpoint_and_bound_the_attack(tmp_path):
     module = _module(decay_rate=-0.5)
     module.validation_success = lambda: 1.0
@@ -134,6 +199,7 @@ def test_ain_refuses_a_dp_callback(tmp_path):
         (dict(initial_bound=1.5), "initial_bound"),
         (dict(decay="exp", decay_rate=0.02), "d < 0"),
         (dict(ifgsm_steps=0), "ifgsm_steps"),
+        (dict(condition="label"), "condition"),
         (dict(target="no_such_model.tag"), "neither a zoo entry"),
     ],
 )

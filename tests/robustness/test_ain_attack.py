@@ -1,4 +1,5 @@
-"""AINAttack on private training data: inside DPAdv and AdversarialAugmentation under DPCallback; best-of-n draws."""
+"""AINAttack: conditioned on the model's prediction by default; on private training data inside DPAdv and
+AdversarialAugmentation under DPCallback; best-of-n draws."""
 
 from __future__ import annotations
 
@@ -77,3 +78,35 @@ def test_an_untrained_generator_or_a_bad_budget_is_refused(digits_classifier):
         AINAttack(model, _generator(), EPS, n_samples=0)
     with pytest.raises(ValueError, match="needs a trained AIN"):
         build_attack("AIN", model, EPS)
+
+
+def _recording(generator: AINGenerator) -> list[torch.Tensor]:
+    """Record the conditioning labels of every generator pass."""
+    seen, forward = [], generator.forward
+
+    def record(x, labels, *args, **kwargs):
+        seen.append(labels.clone())
+        return forward(x, labels, *args, **kwargs)
+
+    generator.forward = record
+    return seen
+
+
+@pytest.mark.parametrize("n_samples", [1, 3])
+def test_the_attack_is_conditioned_on_the_prediction_unless_told_to_use_the_true_label(digits_classifier, n_samples):
+    model, x, _ = digits_classifier
+    x = x[:64]
+    predicted = model(x).argmax(dim=1)
+    labels = (predicted + 1) % 10  # labels that differ from the prediction everywhere
+    generator = _generator()
+    seen = _recording(generator)
+    AINAttack(model, generator, EPS, n_samples=n_samples)(x, labels)
+    assert len(seen) == n_samples and all(torch.equal(s, predicted) for s in seen)
+    seen.clear()
+    AINAttack(model, generator, EPS, n_samples=n_samples, condition="true_label")(x, labels)
+    assert len(seen) == n_samples and all(torch.equal(s, labels) for s in seen)
+    seen.clear()
+    build_attack("AIN", model, EPS, ain=generator)(x, labels)
+    assert torch.equal(seen[0], predicted)  # the suite's AIN too
+    with pytest.raises(ValueError, match="condition='truth'"):
+        AINAttack(model, generator, EPS, condition="truth")

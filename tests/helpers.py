@@ -190,3 +190,15 @@ def seeded_by_32_bits(generator: torch.Generator) -> bool:
         if words[index] != expected:
             return False
     return True
+
+
+def recording_labels(generator: torch.nn.Module) -> list[torch.Tensor]:
+    """Record the conditioning labels of every pass of an AIN generator (its ``forward(x, labels, ...)``)."""
+    seen, forward = [], generator.forward
+
+    def record(x, labels, *args, **kwargs):
+        seen.append(labels.clone())
+        return forward(x, labels, *args, **kwargs)
+
+    generator.forward = record
+    return seen

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.methods import AIN
 from lightning_dprobust.robustness.ain_attack import AINAttack, load_ain_generator
-from tests.helpers import digits, quiet_trainer
+from tests.helpers import digits, quiet_trainer, recording_labels
 
 SMALL = dict(generator_kwargs={"channels": [4, 4, 4, 4], "attention_channels": 4}, ifgsm_steps=5, ifgsm_alpha=0.04)
 
@@ -134,23 +134,11 @@ def test_a_rollback_restores_the_optimizer_state_of_the_accepted_epoch_and_keeps
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 * 0.99**3)
 
 
-def _recording(generator: torch.nn.Module) -> list[torch.Tensor]:
-    """Record the conditioning labels of every generator pass."""
-    seen, forward = [], generator.forward
-
-    def record(x, labels, *args, **kwargs):
-        seen.append(labels.clone())
-        return forward(x, labels, *args, **kwargs)
-
-    generator.forward = record
-    return seen
-
-
 def test_validation_conditions_on_the_targets_prediction_unless_told_to_use_the_true_label():
     x, _ = next(iter(_loaders(16)[1]))
     for condition in ("prediction", "true_label"):
         module = _module(condition=condition)
-        seen = _recording(module.generator)
+        seen = recording_labels(module.generator)
         module.log = lambda *args, **kwargs: None
         module._trainer = type("Trainer", (), {"sanity_checking": True})()
         labels = (module.target(x).argmax(dim=1) + 1) % 10

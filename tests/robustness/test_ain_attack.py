@@ -12,7 +12,7 @@ from lightning_dprobust.methods import DPSGD, DPAdv
 from lightning_dprobust.models import AINGenerator
 from lightning_dprobust.robustness.ain_attack import AINAttack, success_rate
 from lightning_dprobust.robustness.attacks import build_attack
-from tests.helpers import digits, quiet_trainer
+from tests.helpers import digits, quiet_trainer, recording_labels
 
 EPS = 0.2
 
@@ -80,18 +80,6 @@ def test_an_untrained_generator_or_a_bad_budget_is_refused(digits_classifier):
         build_attack("AIN", model, EPS)
 
 
-def _recording(generator: AINGenerator) -> list[torch.Tensor]:
-    """Record the conditioning labels of every generator pass."""
-    seen, forward = [], generator.forward
-
-    def record(x, labels, *args, **kwargs):
-        seen.append(labels.clone())
-        return forward(x, labels, *args, **kwargs)
-
-    generator.forward = record
-    return seen
-
-
 @pytest.mark.parametrize("n_samples", [1, 3])
 def test_the_attack_is_conditioned_on_the_prediction_unless_told_to_use_the_true_label(digits_classifier, n_samples):
     model, x, _ = digits_classifier
@@ -99,7 +87,7 @@ def test_the_attack_is_conditioned_on_the_prediction_unless_told_to_use_the_true
     predicted = model(x).argmax(dim=1)
     labels = (predicted + 1) % 10  # labels that differ from the prediction everywhere
     generator = _generator()
-    seen = _recording(generator)
+    seen = recording_labels(generator)
     AINAttack(model, generator, EPS, n_samples=n_samples)(x, labels)
     assert len(seen) == n_samples and all(torch.equal(s, predicted) for s in seen)
     seen.clear()

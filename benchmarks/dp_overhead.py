@@ -117,9 +117,14 @@ CASES = {
 }
 DEFAULT_CASES = ("cnn_tanh/b64", "cnn_tanh/b256", "cnn_tanh/b1024", "resnet18/b64", "vit_tiny/b64")
 MODES = ("non-DP", "ghost", "vmap", "Opacus ew", "Opacus ghost")
-UNCHECKED = "ghost-no-probe"
-"""The ghost engine without its per-step probe (``GhostClipper(probe=False)``): the probe's cost is ghost's time over
-this mode's (``--modes non-DP ghost ghost-no-probe``)."""
+UNCHECKED = "ghost-unchecked"
+"""The ghost engine with its check against vmap only at the first step (``GhostClipper(check_every=None)``): the
+periodic check's cost is ghost's time over this mode's. The check runs once every
+:data:`~lightning_dprobust.core.ghost.CHECK_EVERY` steps, so time at least that many steps per round and take the
+mean (``--modes non-DP ghost ghost-unchecked --steps 100 --per-round mean``): a median never sees it."""
+PROBED = "ghost+probe"
+"""The ghost engine with its opt-in per-step probe (``GhostClipper(probe=True)``, ``DPCallback(probe=True)``)."""
+EXTRA_MODES = (UNCHECKED, PROBED)
 LIVE_STEPS = 2
 """Later steps of the live-memory worker (after its first, which does any one-time work)."""
 
@@ -177,7 +182,7 @@ def _live_worker(case: str, mode: str, device: str, steps: int, connection) -> N
 def _ours(module, mode: str, x, y):
     """One step of our DP-SGD: clipped sum, noise, average, SGD (``DPCallback.private_step``'s computation)."""
     from lightning_dprobust.core.engines import build_clipper
-    from lightning_dprobust.core.ghost import GhostClipper
+    from lightning_dprobust.core.ghost import CHECK_EVERY, GhostClipper
     from lightning_dprobust.core.per_sample import add_noise_and_scale_
 
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
@@ -189,8 +194,14 @@ def _ours(module, mode: str, x, y):
             optimizer.step()
 
         return step
-    if mode == UNCHECKED:
-        clipper = GhostClipper(module, "per_example_loss", 1.0, probe=False)
+    if mode in EXTRA_MODES:
+        clipper = GhostClipper(
+            module,
+            "per_example_loss",
+            1.0,
+            check_every=None if mode == UNCHECKED else CHECK_EVERY,
+            probe=mode == PROBED,
+        )
     else:
         clipper, _ = build_clipper(mode, module, "per_example_loss", 1.0)
     params = clipper.trainable_parameters()
@@ -289,8 +300,12 @@ def _receive(process, pipe) -> dict:
         return {"ok": False, "error": f"worker died (exit code {process.exitcode}; -9: killed, e.g. out of memory)"}
 
 
-def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, device: str) -> dict[str, dict]:
-    """Interleaved rounds of every mode of one case; per mode: step times per round, memory, or the error."""
+def measure_case(
+    case: str, modes: tuple[str, ...], rounds: int, steps: int, device: str, per_round: str = "median"
+) -> dict[str, dict]:
+    """Interleaved rounds of every mode of one case; per mode: step times per round (their ``per_round`` statistic,
+    ``median`` or ``mean``), memory, or the error."""
+    statistic = {"median": statistics.median, "mean": statistics.fmean}[per_round]
     context = mp.get_context("spawn")
     workers, results, started = {}, {}, {}
     for mode in modes:  # start every worker first: their imports and warm-ups overlap
@@ -316,7 +331,7 @@ def measure_case(case: str, modes: tuple[str, ...], rounds: int, steps: int, dev
             if not reply.get("ok", True):
                 results[mode] = {"error": reply["error"]}
                 continue
-            results[mode]["rounds"].append(statistics.median(reply["times"]))
+            results[mode]["rounds"].append(statistic(reply["times"]))
             results[mode]["peak"] = max(results[mode]["peak"], reply["peak"])
     for mode, (process, pipe) in workers.items():
         if "error" not in results[mode]:
@@ -375,16 +390,25 @@ def _ratio(value: float | str, reference: float | str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES))
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, UNCHECKED])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, *EXTRA_MODES])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (ratio: median and min-max)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode and round (median taken)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode and round")
+    parser.add_argument(
+        "--per-round",
+        choices=("median", "mean"),
+        default="median",
+        help="statistic of a round's step times: median (the step's own cost) or mean (amortizes periodic work)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", help="also write the raw results to this JSON file")
     args = parser.parse_args()
     if "non-DP" not in args.modes:
         parser.error("--modes must include non-DP, the reference of every ratio")
     modes = ("non-DP",) + tuple(m for m in args.modes if m != "non-DP")
-    print(f"device: {args.device}, threads: {torch.get_num_threads()}, rounds: {args.rounds} x {args.steps} steps")
+    print(
+        f"device: {args.device}, threads: {torch.get_num_threads()}, "
+        f"rounds: {args.rounds} x {args.steps} steps ({args.per_round} per round)"
+    )
     print(
         "| model | batch | mode | ms/step | time / non-DP, median [min-max] | first MB | first / non-DP "
         "| later MB | later / non-DP | RSS MB | RSS / non-DP |"
@@ -392,7 +416,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     everything = {}
     for case in args.cases:
-        everything[case] = measure_case(case, modes, args.rounds, args.steps, args.device)
+        everything[case] = measure_case(case, modes, args.rounds, args.steps, args.device, args.per_round)
         print("\n".join(table_rows(case, everything[case])), flush=True)
     if args.json:
         with open(args.json, "w") as handle:

@@ -34,6 +34,7 @@ import time
 import lightning as L
 import torch
 import torchattacks
+from results import add_results_arguments, result_name, write_result
 from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load
 
 from lightning_dprobust import zoo
@@ -189,29 +190,53 @@ def run(seed: int, args: argparse.Namespace) -> dict[str, float]:
     return metrics | adversarial_training(seed, ain, x, y, args.classifier_epochs)
 
 
-def report(result: Sweep) -> str:
-    tables = []
+def tables(result: Sweep) -> list[tuple[str, str, list[str], list[list[str]], bool]]:
+    """``(stem suffix, title, header, rows, seeded)`` of each table the sweep holds: success rates per mode, the
+    attacks' times (one run) and, if measured, adversarial training."""
+    found = []
     for mode in MODES:
         rows = [[name, *(result.cell(f"{mode}/{name}/{eps}", 100) for eps in BOUNDS)] for name in ATTACKS]
         header = ["attack", *(f"Linf {eps}" for eps in BOUNDS)]
-        note = f"{mode} success rate (%), each bound's own AIN, {result.note()}"
-        tables.append(f"{note}\n\n" + markdown_table(header, rows))
+        found.append((f"success_{mode}", f"{mode} success rate (%), each bound's own AIN", header, rows, True))
     if "time/FGSM" in result.runs[0]:
         fgsm = result.runs[0]["time/FGSM"]
         rows = [
             [name, f"{1e3 * result.runs[0][f'time/{name}']:.3f}", f"{result.runs[0][f'time/{name}'] / fgsm:.1f}"]
             for name in ("FGSM", *ATTACKS)
         ]
-        tables.append("time per example (one run)\n\n" + markdown_table(["attack", "ms", "x FGSM"], rows))
-    if "at/AIN/clean" not in result.runs[0]:
-        return "\n\n".join(tables)
-    rows = [
-        [source, *(result.cell(f"at/{source}/{name}", 100) for name in ("clean", "AIN", "i-FGSM", "PGD"))]
-        for source in ("AIN", "i-FGSM")
-    ]
-    header = ["trained on", "clean", "AIN 0.2", "i-FGSM 0.2", "PGD 0.2"]
-    tables.append(f"adversarial training, accuracy (%), {result.note()}\n\n" + markdown_table(header, rows))
-    return "\n\n".join(tables)
+        found.append(("timing", "time per example (one run)", ["attack", "ms", "x FGSM"], rows, False))
+    if "at/AIN/clean" in result.runs[0]:
+        rows = [
+            [source, *(result.cell(f"at/{source}/{name}", 100) for name in ("clean", "AIN", "i-FGSM", "PGD"))]
+            for source in ("AIN", "i-FGSM")
+        ]
+        header = ["trained on", "clean", "AIN 0.2", "i-FGSM 0.2", "PGD 0.2"]
+        found.append(("adversarial_training", "adversarial training, accuracy (%)", header, rows, True))
+    return found
+
+
+def report(result: Sweep) -> str:
+    return "\n\n".join(
+        f"{title}{f', {result.note()}' if seeded else ''}\n\n" + markdown_table(header, rows)
+        for _, title, header, rows, seeded in tables(result)
+    )
+
+
+def write_results(result: Sweep, args: argparse.Namespace) -> None:
+    """One result file per table: ``ain_digits_success_targeted``, ``..._untargeted``, ``..._timing`` and
+    ``..._adversarial_training`` (without ``--skip-adversarial-training``)."""
+    for suffix, title, header, rows, seeded in tables(result):
+        write_result(
+            f"{result_name(args, 'ain_digits')}_{suffix}",
+            title=f"AIN on digits against {TARGET}: {title}",
+            columns=header,
+            rows=rows,
+            seeds=result.seeds if seeded else result.seeds[:1],
+            notes=(result.note() if seeded else f"one run, seed {result.seeds[0]}, eps {TRAIN_EPS}, whole test split")
+            + f"; AIN epochs {args.ain_epochs}",
+            raw={"runs": result.runs} if seeded else {},
+            directory=args.results_dir,
+        )
 
 
 def main() -> None:
@@ -220,10 +245,13 @@ def main() -> None:
     parser.add_argument("--ain-epochs", type=int, default=20, help="AIN training epochs (default 20)")
     parser.add_argument("--classifier-epochs", type=int, default=15, help="adversarial training epochs (default 15)")
     parser.add_argument("--skip-adversarial-training", action="store_true", help="measure the attacks only (parts 1-3)")
+    add_results_arguments(parser)
     args = parser.parse_args()
     quiet_training()
     torch.set_num_threads(1)
-    print(report(run_or_load(lambda seed: run(seed, args), args, "AIN on digits")))
+    result = run_or_load(lambda seed: run(seed, args), args, "AIN on digits")
+    print(report(result))
+    write_results(result, args)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 from ain_digits import TRAIN_EPS, evaluate, train_ain
+from results import add_results_arguments, result_name, write_result
 from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load, seeded_config
 
 from lightning_dprobust.data import DigitsDataModule
@@ -87,8 +88,11 @@ def run(seed: int, args: argparse.Namespace) -> dict[str, float]:
     return metrics
 
 
-def report(result: Sweep) -> str:
-    rows = [
+HEADER = ["trained on", "epsilon", "clean", "AIN 0.2", "i-FGSM 0.2", "PGD 0.2"]
+
+
+def rows_of(result: Sweep) -> list[list[str]]:
+    return [
         [
             source,
             result.cell(f"dp/{source}/epsilon", digits=3),
@@ -96,18 +100,33 @@ def report(result: Sweep) -> str:
         ]
         for source in DP_CONFIGS
     ]
-    header = ["trained on", "epsilon", "clean", "AIN 0.2", "i-FGSM 0.2", "PGD 0.2"]
-    return f"DP adversarial training, accuracy (%), {result.note()}\n\n" + markdown_table(header, rows)
+
+
+def report(result: Sweep) -> str:
+    return f"DP adversarial training, accuracy (%), {result.note()}\n\n" + markdown_table(HEADER, rows_of(result))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_seed_arguments(parser)
     parser.add_argument("--ain-epochs", type=int, default=20, help="public AIN training epochs (default 20)")
+    add_results_arguments(parser)
     args = parser.parse_args()
     quiet_training()
     torch.set_num_threads(1)
-    print(report(run_or_load(lambda seed: run(seed, args), args, "AIN vs i-FGSM under DP-SGD on digits")))
+    result = run_or_load(lambda seed: run(seed, args), args, "AIN vs i-FGSM under DP-SGD on digits")
+    print(report(result))
+    write_result(
+        result_name(args, "ain_digits_dp"),
+        title="AIN vs i-FGSM adversarial training under DP-SGD on digits (epsilon 3): accuracy (%)",
+        columns=HEADER,
+        rows=rows_of(result),
+        seeds=result.seeds,
+        notes=f"{result.note()}; public half: target classifier and AIN ({args.ain_epochs} epochs); private half: "
+        "DP training; test split: evaluation at Linf 0.2",
+        raw={"runs": result.runs},
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from results import add_results_arguments, result_name, write_result
 from seeds import Sweep, add_seed_arguments, run_or_load
 from torch.utils.data import ConcatDataset, Subset
 
@@ -115,6 +116,7 @@ def main() -> None:
     parser.add_argument("--overfit-members", type=int, default=300, help="members of the overfit row (default: 300)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
     add_seed_arguments(parser)
+    add_results_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     _, datamodule = zoo_recipe("mlp_tanh.erm_digits")
@@ -122,7 +124,8 @@ def main() -> None:
     result = run_or_load(lambda seed: run_seed(seed, rows, datamodule, args), args, label="audit")
     header = ["model", "AUC loss", "AUC shadow", "AUC LiRA", "TPR@0.1%FPR (l/s/L)", "TPR@1%FPR (l/s/L)",
               "claimed eps", "eps lower bound", "max lower bound"]  # fmt: skip
-    table = markdown_table(header, [_cells(index, row.label, result) for index, row in enumerate(rows)])
+    cells = [_cells(index, row.label, result) for index, row in enumerate(rows)]
+    table = markdown_table(header, cells)
     counts = sorted(
         {int(value) for key in result.runs[0] if key.endswith("/nonmembers") for value in result.values(key)}
     )
@@ -136,6 +139,17 @@ def main() -> None:
     print(f"\n{text}")
     if args.out:
         write_text(text, args.out)
+    write_result(
+        result_name(args, "audit_digits"),
+        title="Privacy audit of the digits models: membership attacks and the one-run epsilon lower bound",
+        columns=header,
+        rows=cells,
+        seeds=result.seeds,
+        notes=f"{result.note()}; {args.shadows} shadow models per row; TPR columns: loss/shadow/LiRA; {caveats}; "
+        f"one-run audit: {args.canaries} mislabeled canaries, 95% confidence, delta 1e-5",
+        raw={"runs": result.runs},
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from results import add_results_arguments, result_name, slug, write_result
 from scipy.stats import beta, norm
 from torch import nn
 
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=0.001)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    add_results_arguments(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -154,14 +156,33 @@ def main() -> None:
         f"device={args.device} threads={torch.get_num_threads()} n0={args.n0} n={args.n} "
         f"batch_size={args.batch_size} repeats={args.repeats}\n"
     )
-    print("| model | reference (samples/s) | ours (samples/s) | speed-up | identical certificates |")
+    header = ["model", "reference (samples/s)", "ours (samples/s)", "speed-up", "identical certificates"]
+    print("| " + " | ".join(header) + " |")
     print("|---|---:|---:|---:|---|")
+    rows, raw = [], {}
     for model_name in args.models:
-        r = measure(model_name, args)
-        print(
-            f"| {model_name} | {r['reference']:,.0f} | {r['ours']:,.0f} | {r['ours'] / r['reference']:.2f}x "
-            f"| {'yes' if r['identical'] else 'NO'} |"
+        r = raw[model_name] = measure(model_name, args)
+        rows.append(
+            [
+                model_name,
+                f"{r['reference']:,.0f}",
+                f"{r['ours']:,.0f}",
+                f"{r['ours'] / r['reference']:.2f}x",
+                "yes" if r["identical"] else "NO",
+            ]
         )
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    write_result(
+        result_name(args, f"certify_throughput_{slug(torch.device(args.device).type)}"),
+        title="Certification throughput: Smooth.certify against a port of the published CERTIFY loop",
+        columns=header,
+        rows=rows,
+        notes=f"one run; noisy samples per second from the median time per input over {args.repeats} inputs; "
+        f"n0={args.n0}, n={args.n}, batch {args.batch_size}, sigma {args.sigma}, threads {torch.get_num_threads()}",
+        raw=raw,
+        device=args.device,
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import argparse
 from dataclasses import replace
 
 import torch
+from results import add_results_arguments, result_name, write_result
 from seeds import DEFAULT_SEEDS, Sweep, sweep
 
 from lightning_dprobust.data.ehr import EHRDataModule
@@ -58,6 +59,7 @@ def candidate(row: str, datamodule: EHRDataModule, n: int, seed: int) -> tuple[t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), help="seeds (default: 0 1 2)")
+    add_results_arguments(parser)
     args = parser.parse_args()
     datamodule = EHRDataModule()
     datamodule.setup()
@@ -69,11 +71,24 @@ def main() -> None:
             return similarity_report(real, candidate(row, datamodule, len(real[0]), seed), seed=seed)
 
         results[row] = sweep(run, args.seeds, row)
-    print("| set | " + " | ".join(key.removeprefix("synthetic/") for key in COLUMNS) + " |")
+    header = ["set", *(key.removeprefix("synthetic/") for key in COLUMNS)]
+    rows = [[row, *(result.cell(key, digits=3) for key in COLUMNS)] for row, result in results.items()]
+    print("| " + " | ".join(header) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
-    for row, result in results.items():
-        print(f"| {row} | " + " | ".join(result.cell(key, digits=3) for key in COLUMNS) + " |")
-    print(f"\n{next(iter(results.values())).note()}; real set: {len(real[0])} test records")
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")
+    note = f"{next(iter(results.values())).note()}; real set: {len(real[0])} test records"
+    print(f"\n{note}")
+    write_result(
+        result_name(args, "ehr_reference"),
+        title="Reference points of the synthetic-EHR metrics on the embedded synthetic EHR set",
+        columns=header,
+        rows=rows,
+        seeds=args.seeds,
+        notes=note,
+        raw={row: result.runs for row, result in results.items()},
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

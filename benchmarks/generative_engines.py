@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import torch
 from dp_overhead import spread
+from results import add_results_arguments, result_name, write_result
 
 from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.methods.igamt import IGAMT
@@ -51,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64)
+    add_results_arguments(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -59,7 +61,9 @@ def main() -> None:
     x, m = next(iter(data.train_dataloader()))
     schedule = f"{args.rounds} rounds of the 5-iteration critic schedule"
     print(f"IGAMT, batch {len(x)}, {schedule}, threads: {torch.get_num_threads()}")
-    print("| wiring | mode | ms / iteration | time / non-DP, median [min-max] |\n|---|---|---|---|")
+    header = ["wiring", "mode", "ms / iteration", "time / non-DP, median [min-max]"]
+    print("| " + " | ".join(header) + " |\n|---|---|---|---|")
+    rows, raw = [], {}
     for strict_dp in (True, False):
         modules = {mode: _module(strict_dp, options) for mode, options in MODES.items()}
         for module in modules.values():
@@ -73,7 +77,18 @@ def main() -> None:
             ratios = [t / base for t, base in zip(values, times["non-DP"], strict=True)]
             ratio = "" if mode == "non-DP" else spread(ratios)
             wiring = "strict_dp" if strict_dp else "thesis"
-            print(f"| {wiring} | {mode} | {statistics.median(values) * 1000:.1f} | {ratio} |")
+            rows.append([wiring, mode, f"{statistics.median(values) * 1000:.1f}", ratio])
+            raw[f"{wiring}/{mode}"] = values
+            print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    write_result(
+        result_name(args, "generative_engines_cpu"),
+        title="IGAMT's training iteration with each clipping engine, relative to the same iteration without DP",
+        columns=header,
+        rows=rows,
+        notes=f"one process, batch {len(x)}, {schedule}, modes interleaved; ratio: median over rounds [min-max]",
+        raw={"seconds_per_iteration": raw},
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -14,10 +14,15 @@ A result file is ``results/<name>.json`` with what it takes to trust and re-run 
 
 The docs pages hold a copy of each table between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``;
 ``benchmarks/render_results.py`` writes those copies and a test fails when a page differs from its file.
+
+Every benchmark that prints a table takes ``--results-dir DIR`` (default: ``$DPROBUST_RESULTS_DIR``, else
+``results/``; tests pass a temporary folder) and ``--result-name NAME`` (another stem than the default, for a run
+with other settings than the default table's).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -30,6 +35,39 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+RESULTS_DIR_VARIABLE = "DPROBUST_RESULTS_DIR"
+"""Environment variable naming another folder for result files (what ``--results-dir`` defaults to)."""
+
+
+def add_results_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--results-dir DIR`` and ``--result-name NAME`` to a benchmark's parser."""
+    parser.add_argument(
+        "--results-dir",
+        default=None,
+        help=f"folder of the result files (default: ${RESULTS_DIR_VARIABLE}, else {RESULTS_DIR.name}/ of the repo)",
+    )
+    parser.add_argument(
+        "--result-name",
+        default=None,
+        help="stem of the result file(s) instead of the default (use it when the settings differ from the default's)",
+    )
+
+
+def results_directory(directory: str | Path | None = None) -> Path:
+    """``directory``, else ``$DPROBUST_RESULTS_DIR``, else the repository's ``results/``."""
+    if directory is not None:
+        return Path(directory)
+    return Path(os.environ[RESULTS_DIR_VARIABLE]) if os.environ.get(RESULTS_DIR_VARIABLE) else RESULTS_DIR
+
+
+def result_name(args: argparse.Namespace, default: str) -> str:
+    """``--result-name`` if given, else ``default``."""
+    return getattr(args, "result_name", None) or default
+
+
+def slug(text: str) -> str:
+    """``'resnet18/b64'`` -> ``'resnet18_b64'``: a setting as part of a result file's stem."""
+    return "".join(char if char.isalnum() else "_" for char in str(text)).strip("_").lower()
 
 
 def current_commit() -> str:
@@ -50,7 +88,8 @@ def machine_description(device: str = "cpu") -> str:
     import torch
 
     threads = f" ({torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)})" if device == "cpu" else ""
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {device}{threads}"
+    system = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
+    return f"{system}, torch {torch.__version__}, {device}{threads}"
 
 
 def write_result(
@@ -65,7 +104,7 @@ def write_result(
     device: str = "cpu",
     directory: str | Path | None = None,
 ) -> Path:
-    """Write ``results/<name>.json`` (or ``directory/<name>.json``) and return its path.
+    """Write ``results/<name>.json`` (or ``directory/<name>.json``, see :func:`results_directory`); return its path.
 
     Raises:
         ValueError: if ``name`` is not a plain file stem or a row's length differs from ``columns``.
@@ -88,11 +127,11 @@ def write_result(
         "notes": notes,
         "raw": dict(raw or {}),
     }
-    target = Path(directory) if directory is not None else RESULTS_DIR
+    target = results_directory(directory)
     target.mkdir(parents=True, exist_ok=True)
     path = target / f"{name}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {path}", flush=True)
+    path.write_text(json.dumps(record, indent=1, default=_plain) + "\n")
+    print(f"wrote {path}", file=sys.stderr, flush=True)  # stderr: a benchmark's stdout is its printed report
     return path
 
 
@@ -104,3 +143,12 @@ def read_result(path: str | Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{path} is not a result file: it lacks {missing}; re-run the command that writes it")
     return record
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy scalars and arrays, tuples and paths in ``raw``."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

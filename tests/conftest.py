@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# benchmarks run by tests (in this process or as subprocesses) write their result files here, never to results/
+os.environ.setdefault("DPROBUST_RESULTS_DIR", tempfile.mkdtemp(prefix="dprobust-test-results-"))
 
 
 @pytest.fixture(autouse=True)

@@ -42,6 +42,7 @@ import time
 import warnings
 
 import torch
+from results import add_results_arguments, result_name, write_result
 
 TOKEN_BAG = "token_bag"
 """The case model :class:`TokenBag` (not a registry model: token ids in, not images)."""
@@ -98,7 +99,7 @@ CASES = {
     "resmlp_12/b64": ("timm/resmlp_12_224", (3, 32, 32), 64, {"img_size": 32}),
     # CaiT: layer-scale blocks and class-attention blocks (block scale rule), the class token into the latter
     "cait_xxs24/b64": ("timm/cait_xxs24_224", (3, 32, 32), 64, {"img_size": 32, "patch_size": 4}),
-    # captured on the graph (core/ghost_functional.py): class tokens, position embeddings, blocks' scales, and
+    # captured on the graph (core/ghost/functional.py): class tokens, position embeddings, blocks' scales, and
     # the attention's qkv.weight used through F.linear (BEiT's blocks at ViT-Tiny's width: 192 channels, 3 heads)
     "beit_192/b64": (
         "timm/beit_base_patch16_224",
@@ -179,10 +180,20 @@ def _live_worker(case: str, mode: str, device: str, steps: int, connection) -> N
         connection.send({"ok": False, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"})
 
 
-def _ours(module, mode: str, x, y):
-    """One step of our DP-SGD: clipped sum, noise, average, SGD (``DPCallback.private_step``'s computation)."""
+def build_engine(module, mode: str):
+    """The clipper of a private mode: ``ghost``/``vmap`` as ``DPCallback`` builds them (``build_clipper``), or the
+    ghost engine with another check schedule (:data:`UNCHECKED`) or with its probe (:data:`PROBED`)."""
     from lightning_dprobust.core.engines import build_clipper
     from lightning_dprobust.core.ghost import CHECK_EVERY, GhostClipper
+
+    if mode in EXTRA_MODES:
+        check_every = None if mode == UNCHECKED else CHECK_EVERY
+        return GhostClipper(module, "per_example_loss", 1.0, check_every=check_every, probe=mode == PROBED)
+    return build_clipper(mode, module, "per_example_loss", 1.0)[0]
+
+
+def _ours(module, mode: str, x, y):
+    """One step of our DP-SGD: clipped sum, noise, average, SGD (``DPCallback.private_step``'s computation)."""
     from lightning_dprobust.core.per_sample import add_noise_and_scale_
 
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
@@ -194,16 +205,7 @@ def _ours(module, mode: str, x, y):
             optimizer.step()
 
         return step
-    if mode in EXTRA_MODES:
-        clipper = GhostClipper(
-            module,
-            "per_example_loss",
-            1.0,
-            check_every=None if mode == UNCHECKED else CHECK_EVERY,
-            probe=mode == PROBED,
-        )
-    else:
-        clipper, _ = build_clipper(mode, module, "per_example_loss", 1.0)
+    clipper = build_engine(module, mode)
     params = clipper.trainable_parameters()
 
     def step() -> None:
@@ -356,15 +358,25 @@ def _live(case: str, mode: str, device: str, context, result: dict) -> tuple[flo
     return reply["live"] if reply["ok"] else reply["error"]
 
 
+HEADER = ["model", "batch", "mode", "ms/step", "time / non-DP, median [min-max]", "first MB", "first / non-DP",
+          "later MB", "later / non-DP", "RSS MB", "RSS / non-DP"]  # fmt: skip
+
+
 def table_rows(case: str, results: dict[str, dict]) -> list[str]:
-    """Markdown rows: ms/step (median over rounds), time ratio median [min-max], live and RSS memory, their ratios."""
+    """Markdown rows of :func:`table_cells`."""
+    return ["| " + " | ".join(cells) + " |" for cells in table_cells(case, results)]
+
+
+def table_cells(case: str, results: dict[str, dict]) -> list[list[str]]:
+    """Rows of :data:`HEADER`: ms/step (median over rounds), time ratio median [min-max], live and RSS memory, their
+    ratios."""
     model_name, shape, batch_size, _ = CASES[case]
     base = results.get("non-DP", {})
     rows = []
     for mode, result in results.items():
-        head = f"| {model_name} {'x'.join(map(str, shape))} | {batch_size} | {mode} |"
+        head = [f"{model_name} {'x'.join(map(str, shape))}", str(batch_size), mode]
         if "error" in result:
-            rows.append(f"{head} fails: {result['error']} | | | | | | | |")
+            rows.append([*head, f"fails: {result['error']}", *[""] * (len(HEADER) - 4)])
             continue
         ms = 1000 * statistics.median(result["rounds"])
         rss = result["peak"] - result["base"]
@@ -377,8 +389,8 @@ def table_rows(case: str, results: dict[str, dict]) -> list[str]:
             live_ratios = [_ratio(value, ref) for value, ref in zip(live, reference, strict=True)]
             rss_ratio = _ratio(rss, base["peak"] - base["base"])
         cells = [f"{value:.0f}" if isinstance(value, float) else f"fails: {value}" for value in live]
-        memory = f"{cells[0]} | {live_ratios[0]} | {cells[1]} | {live_ratios[1]} | {rss:.0f} | {rss_ratio}"
-        rows.append(f"{head} {ms:.1f} | {ratio} | {memory} |")
+        memory = [cells[0], live_ratios[0], cells[1], live_ratios[1], f"{rss:.0f}", rss_ratio]
+        rows.append([*head, f"{ms:.1f}", ratio, *memory])
     return rows
 
 
@@ -401,6 +413,7 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", help="also write the raw results to this JSON file")
+    add_results_arguments(parser)
     args = parser.parse_args()
     if "non-DP" not in args.modes:
         parser.error("--modes must include non-DP, the reference of every ratio")
@@ -409,18 +422,28 @@ def main() -> None:
         f"device: {args.device}, threads: {torch.get_num_threads()}, "
         f"rounds: {args.rounds} x {args.steps} steps ({args.per_round} per round)"
     )
-    print(
-        "| model | batch | mode | ms/step | time / non-DP, median [min-max] | first MB | first / non-DP "
-        "| later MB | later / non-DP | RSS MB | RSS / non-DP |"
-    )
+    print("| " + " | ".join(HEADER) + " |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    everything = {}
+    everything, rows = {}, []
     for case in args.cases:
         everything[case] = measure_case(case, modes, args.rounds, args.steps, args.device, args.per_round)
+        rows += table_cells(case, everything[case])
         print("\n".join(table_rows(case, everything[case])), flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(everything, handle, indent=2)
+    device = torch.device(args.device).type
+    write_result(
+        result_name(args, f"dp_overhead_{device}"),
+        title=f"DP-SGD overhead on {device}: step time and peak memory of each engine relative to non-private training",
+        columns=HEADER,
+        rows=rows,
+        notes=f"one run; {args.rounds} interleaved rounds x {args.steps} steps ({args.per_round} per round), threads "
+        f"{torch.get_num_threads()}; time ratio: median over rounds [min-max]; memory: see benchmarks/dp_overhead.py",
+        raw=everything,
+        device=args.device,
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

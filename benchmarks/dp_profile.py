@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from dp_overhead import CASES, MODES, build_step
+from results import add_results_arguments, result_name, slug, write_result
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -126,6 +127,36 @@ def report(results: dict[str, Measured], top: int, cuda: bool) -> str:
     return "\n".join(lines)
 
 
+def write(results: dict[str, Measured], args: argparse.Namespace) -> None:
+    """The result file ``dp_profile_<case>_<device>``: one row per mode, its three costliest operators in a cell and
+    its ``--top`` operators in ``raw``."""
+    cuda = args.device.startswith("cuda")
+    header = ["mode", "wall ms/step", "busy ms/step", "kernel launches/step", "costliest operators (self ms/step)"]
+    rows = [
+        [
+            mode,
+            f"{wall:.1f}",
+            f"{profiled.busy_ms:.1f}",
+            f"{profiled.launches:.0f}" if cuda else "",
+            ", ".join(f"{o.name} {o.self_ms:.3f}" for o in profiled.top(3)),
+        ]
+        for mode, (wall, profiled) in results.items()
+    ]
+    raw = {mode: [[o.name, o.self_ms, o.calls] for o in m[1].top(args.top)] for mode, m in results.items()}
+    write_result(
+        result_name(args, f"dp_profile_{slug(args.case)}_{torch.device(args.device).type}"),
+        title=f"Where a DP step's time goes: {args.case} on {args.device}",
+        columns=header,
+        rows=rows,
+        notes=f"one run, one process; wall: median of {args.steps} steps after {WARM_UP} warm-up steps; busy time and "
+        f"operators: torch.profiler over {args.profile_steps} steps (CUDA: kernel time; CPU: operators' self time); "
+        f"threads {torch.get_num_threads()}, cuDNN TF32 {args.cudnn_tf32}",
+        raw={"top_operators (name, self ms/step, calls/step)": raw},
+        device=args.device,
+        directory=args.results_dir,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="resnet18/b64", choices=list(CASES))
@@ -135,12 +166,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="operators listed per DP mode")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cudnn-tf32", choices=["on", "off"], default="on", help="non-private steps' cuDNN TF32")
+    add_results_arguments(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.backends.cudnn.allow_tf32 = args.cudnn_tf32 == "on"
     print(f"{args.case} on {args.device}, threads: {torch.get_num_threads()}, cuDNN TF32: {args.cudnn_tf32}")
     results = measure(args.case, args.modes, args.steps, args.profile_steps, args.device)
     print(report(results, args.top, args.device.startswith("cuda")))
+    write(results, args)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+from results import add_results_arguments, result_name, write_result
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = (("non-DP", "new", "non-DP"), ("new", "new", "ghost"), ("old", "old", "ghost"))
@@ -46,6 +47,11 @@ def _worker(package_root: str, case: str, mode: str, device: str, connection) ->
 
 def compare(case: str, roots: dict[str, str], device: str, rounds: int, steps: int) -> str:
     """One line: median ms of each variant, and the per-round ratios new / non-DP, old / non-DP and new / old."""
+    return line(measure(case, roots, device, rounds, steps))
+
+
+def measure(case: str, roots: dict[str, str], device: str, rounds: int, steps: int) -> dict:
+    """The case's median ms of each variant, the ratios' ``spread`` strings and the library files each one ran."""
     from dp_overhead import spread
 
     context = mp.get_context("spawn")
@@ -67,13 +73,26 @@ def compare(case: str, roots: dict[str, str], device: str, rounds: int, steps: i
         process.join()
     ms = {name: 1000 * statistics.median(values) for name, values in times.items()}
     ratio = {
-        pair: [a / b for a, b in zip(times[pair[0]], times[pair[1]], strict=True)]
-        for pair in (("new", "non-DP"), ("old", "non-DP"), ("new", "old"))
+        f"{a} / {b}": spread([x / y for x, y in zip(times[a], times[b], strict=True)])
+        for a, b in (("new", "non-DP"), ("old", "non-DP"), ("new", "old"))
     }
+    return {"case": case, "sources": sources, "ms": ms, "ratio": ratio, "seconds": times}
+
+
+HEADER = ["case", "ms non-DP", "ms new", "ms old", "new / non-DP", "old / non-DP", "new / old"]
+
+
+def cells(measured: dict) -> list[str]:
+    """A row of :data:`HEADER`."""
+    ms, ratio = measured["ms"], measured["ratio"]
+    return [measured["case"], *(f"{ms[name]:.1f}" for name in ("non-DP", "new", "old")), *ratio.values()]
+
+
+def line(measured: dict) -> str:
+    sources, ms, ratio = measured["sources"], measured["ms"], measured["ratio"]
     return (
-        f"{case} ({sources['new']} vs {sources['old']}): ms non-DP {ms['non-DP']:.1f}, new {ms['new']:.1f}, "
-        f"old {ms['old']:.1f}; new / non-DP {spread(ratio['new', 'non-DP'])}, old / non-DP "
-        f"{spread(ratio['old', 'non-DP'])}, new / old {spread(ratio['new', 'old'])}"
+        f"{measured['case']} ({sources['new']} vs {sources['old']}): ms non-DP {ms['non-DP']:.1f}, new "
+        f"{ms['new']:.1f}, old {ms['old']:.1f}; " + ", ".join(f"{pair} {value}" for pair, value in ratio.items())
     )
 
 
@@ -87,13 +106,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_results_arguments(parser)
     args = parser.parse_args()
     roots = {"new": str(Path(args.new).resolve()), "old": str(Path(args.old).resolve())}
     for version, root in roots.items():
         if not (Path(root) / "lightning_dprobust" / "__init__.py").is_file():
             parser.error(f"--{version} {root} holds no lightning_dprobust/ package")
+    measured = []
     for case in args.cases:
-        print(compare(case, roots, args.device, args.rounds, args.steps), flush=True)
+        measured.append(measure(case, roots, args.device, args.rounds, args.steps))
+        print(line(measured[-1]), flush=True)
+    write_result(
+        result_name(args, f"engine_versions_{torch.device(args.device).type}"),
+        title="Two versions of the ghost engine against one non-private step, interleaved in one run",
+        columns=HEADER,
+        rows=[cells(m) for m in measured],
+        notes=f"one run; new: {args.new}, old: {args.old}; {args.rounds} rounds x {args.steps} steps, order rotating; "
+        "ratio: median over rounds [min-max]",
+        raw={m["case"]: {"sources": m["sources"], "seconds_per_round": m["seconds"]} for m in measured},
+        device=args.device,
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import warnings
 import lightning as L
 import torch
 from dp_overhead import CASES, spread
+from results import add_results_arguments, result_name, write_result
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -85,15 +86,32 @@ def fit_step_ms(case: str, engine: str | None, steps: int, warmup: int) -> float
 
 def compare(case: str, engine: str, pairs: int, steps: int, warmup: int) -> str:
     """One line: each fit kind's median ms over the pairs, and the ratio's median [min-max] over the pairs."""
+    return line(measure(case, engine, pairs, steps, warmup))
+
+
+def measure(case: str, engine: str, pairs: int, steps: int, warmup: int) -> dict:
+    """The ms per step of each non-private and private fit, alternated ``pairs`` times."""
     plain, private = [], []
     for _ in range(pairs):
         plain.append(fit_step_ms(case, None, steps, warmup))
         private.append(fit_step_ms(case, engine, steps, warmup))
+    return {"case": case, "engine": engine, "non-DP": plain, "DP": private}
+
+
+HEADER = ["case", "engine", "ms non-DP", "ms DP", "DP / non-DP, median [min-max]", "pairs of fits"]
+
+
+def cells(measured: dict) -> list[str]:
+    """A row of :data:`HEADER`."""
+    plain, private = measured["non-DP"], measured["DP"]
     ratios = [p / n for p, n in zip(private, plain, strict=True)]
-    return (
-        f"{case} ({engine}): ms non-DP {statistics.median(plain):.2f}, DP {statistics.median(private):.2f}; "
-        f"DP / non-DP {spread(ratios)} over {pairs} pairs of fits"
-    )
+    median = f"{statistics.median(plain):.2f}", f"{statistics.median(private):.2f}"
+    return [measured["case"], measured["engine"], *median, spread(ratios), str(len(plain))]
+
+
+def line(measured: dict) -> str:
+    case, engine, plain, private, ratio, pairs = cells(measured)
+    return f"{case} ({engine}): ms non-DP {plain}, DP {private}; DP / non-DP {ratio} over {pairs} pairs of fits"
 
 
 def main() -> None:
@@ -103,11 +121,24 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3, help="alternated non-private and private fits")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per fit (median taken)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed first steps of each fit")
+    add_results_arguments(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    measured = []
     for case in args.cases:
-        print(compare(case, args.engine, args.pairs, args.steps, args.warmup), flush=True)
+        measured.append(measure(case, args.engine, args.pairs, args.steps, args.warmup))
+        print(line(measured[-1]), flush=True)
+    write_result(
+        result_name(args, f"lightning_overhead_{args.engine}"),
+        title="DP-SGD overhead inside Lightning: per-step time of Trainer.fit with DPCallback against without",
+        columns=HEADER,
+        rows=[cells(m) for m in measured],
+        notes=f"one process, CPU, threads {torch.get_num_threads()}; a fit's time: median of {args.steps} steps after "
+        f"{args.warmup} warm-up steps; fits alternated; ms: median over the pairs; ratio: median [min-max] over pairs",
+        raw={m["case"]: {"non-DP ms": m["non-DP"], "DP ms": m["DP"]} for m in measured},
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
 from lightning_dprobust.robustness.certify import certify_dataset, summarize
 from lightning_dprobust.robustness.reports import markdown_table
+from results import add_results_arguments, result_name, write_result
 
 RADII = (0.0, 0.25, 0.5, 0.75)
 CERTIFIED = {
@@ -99,9 +100,9 @@ def epsilon_cell(result: Sweep, method: str) -> str:
     return result.cell(f"{method}/epsilon", digits=3)
 
 
-def certified_table(result: Sweep, args: argparse.Namespace) -> str:
+def certified_cells(result: Sweep, args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     header = ["method", "epsilon", "clean acc (%)", *(f"cert. acc r={r:g} (%)" for r in RADII), "ACR"]
-    rows = [
+    return header, [
         [
             label,
             epsilon_cell(result, method),
@@ -112,18 +113,27 @@ def certified_table(result: Sweep, args: argparse.Namespace) -> str:
         for method, label in CERTIFIED.items()
         if method in args.methods
     ]
+
+
+def gap_note(result: Sweep, args: argparse.Namespace) -> str:
+    """The paired DP-CERT minus DP-SGD certified-accuracy sentence, or ``''`` if either was not run."""
     if not {"dpsgd", "dpcert"} <= set(args.methods):
-        return markdown_table(header, rows)
+        return ""
     gap = result.values("gap/certified_acc@0.25")
     return (
-        f"{markdown_table(header, rows)}\n\nDP-CERT minus DP-SGD (paired by seed), certified accuracy at r = 0.25: "
+        f"DP-CERT minus DP-SGD (paired by seed), certified accuracy at r = 0.25: "
         f"{result.cell('gap/certified_acc@0.25', 100)} points; DP-CERT ahead in {(gap > 0).sum()}/{len(gap)} seeds."
     )
 
 
-def attack_table(result: Sweep, args: argparse.Namespace) -> str:
+def certified_table(result: Sweep, args: argparse.Namespace) -> str:
+    table, gap = markdown_table(*certified_cells(result, args)), gap_note(result, args)
+    return f"{table}\n\n{gap}" if gap else table
+
+
+def attack_cells(result: Sweep, args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     header = ["method", "epsilon", "clean acc (%)", f"PGD acc eps={args.eps:g} (%)"]
-    rows = [
+    return header, [
         [
             label,
             epsilon_cell(result, method),
@@ -133,7 +143,10 @@ def attack_table(result: Sweep, args: argparse.Namespace) -> str:
         for method, label in ATTACKED.items()
         if method in args.methods
     ]
-    return markdown_table(header, rows)
+
+
+def attack_table(result: Sweep, args: argparse.Namespace) -> str:
+    return markdown_table(*attack_cells(result, args))
 
 
 def main() -> None:
@@ -147,17 +160,35 @@ def main() -> None:
     parser.add_argument("--eps", type=float, default=0.1, help="PGD-Linf budget for the DP-Adv comparison")
     parser.add_argument("--methods", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     add_seed_arguments(parser)
+    add_results_arguments(parser)
     args = parser.parse_args()
     quiet_training()
     with tempfile.TemporaryDirectory() as root:
         result = run_or_load(lambda seed: run_seed(seed, args, root), args, label=args.dataset)
-    print(
-        f"\nCertified robustness on {args.dataset} test split, sigma={args.sigma}, n0={args.n0}, n={args.n}, "
-        f"alpha={args.alpha}, skip={args.skip}; {result.note()}\n"
-    )
+    certified = f"sigma={args.sigma}, n0={args.n0}, n={args.n}, alpha={args.alpha}, skip={args.skip}"
+    attacked = f"PGD-Linf eps={args.eps}, 20 steps"
+    print(f"\nCertified robustness on {args.dataset} test split, {certified}; {result.note()}\n")
     print(certified_table(result, args))
-    print(f"\nEmpirical robustness on {args.dataset} test split, PGD-Linf eps={args.eps}, 20 steps; {result.note()}\n")
+    print(f"\nEmpirical robustness on {args.dataset} test split, {attacked}; {result.note()}\n")
     print(attack_table(result, args))
+    name = result_name(args, f"robustness_comparison_{args.dataset}")
+    tables = {
+        "certified": ("Certified robustness", certified_cells, f"{certified}. {gap_note(result, args)}".strip()),
+        "attacked": ("Empirical robustness", attack_cells, attacked),
+    }
+    for suffix, (title, build, settings) in tables.items():
+        header, rows = build(result, args)
+        if rows:
+            write_result(
+                f"{name}_{suffix}",
+                title=f"{title} on the {args.dataset} test split",
+                columns=header,
+                rows=rows,
+                seeds=result.seeds,
+                notes=f"{result.note()}; {settings}",
+                raw={"runs": result.runs},
+                directory=args.results_dir,
+            )
 
 
 if __name__ == "__main__":

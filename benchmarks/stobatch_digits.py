@@ -27,6 +27,7 @@ from lightning_dprobust.recipes import CONFIG_DIR, fit_recipe
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
 from lightning_dprobust.robustness.pixeldp import PixelDPMechanism, certify_pixeldp, pixeldp_metrics
 from lightning_dprobust.robustness.reports import markdown_table
+from results import add_results_arguments, result_name, write_result
 
 METHODS = {"stobatch": "StoBatch", "dpsgd": "DP-SGD", "dpadv": "DP-Adv (PGD-Linf 0.1)"}
 ATTACKS = {"I-FGSM": "BIM", "MIM": "MIFGSM", "PGD": "PGD"}
@@ -80,6 +81,10 @@ def run_seed(seed: int, args: argparse.Namespace, root: str) -> dict[str, float]
 
 
 def table(result: Sweep, args: argparse.Namespace) -> str:
+    return markdown_table(*table_cells(result, args))
+
+
+def table_cells(result: Sweep, args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     columns = [(label, eps) for eps in args.eps for label in ATTACKS]
     certified_columns = [(condition, eps) for eps in args.eps for condition in CONDITIONS]
     header = [
@@ -99,7 +104,7 @@ def table(result: Sweep, args: argparse.Namespace) -> str:
         conventional = [result.cell(f"{method}/{label}@{eps:g}", 100) for label, eps in columns]
         epsilon = result.cell(f"{method}/epsilon", digits=3) + (" (nominal)" if method == "stobatch" else "")
         rows.append([name, epsilon, result.cell(f"{method}/clean", 100), *conventional, *certified_cells])
-    return markdown_table(header, rows)
+    return header, rows
 
 
 def _cell(result: Sweep, key: str, scale: float = 1.0, digits: int = 2) -> str:
@@ -113,6 +118,7 @@ def main() -> None:
     parser.add_argument("--eps", type=float, nargs="+", default=[0.1, 0.2], help="l_inf attack sizes, pixel units")
     parser.add_argument("--n", type=int, default=2000, help="PixelDP draws per test example (default: 2000)")
     add_seed_arguments(parser)
+    add_results_arguments(parser)
     args = parser.parse_args()
     if args.n < 1:
         parser.error(f"--n must be an integer >= 1 (PixelDP draws per example), got {args.n}")
@@ -123,6 +129,18 @@ def main() -> None:
     print(table(result, args))
     scales = ", ".join(f"{value:.4g}" for value in result.values("stobatch/radius_scale"))
     print(f"\nStoBatch pixeldp_radius_scale() per seed (l_inf radius per unit of epsilon_r): {scales}")
+    header, rows = table_cells(result, args)
+    write_result(
+        result_name(args, "stobatch_digits"),
+        title=f"StoBatch against DP baselines on digits at epsilon {args.epsilon:g}: accuracy under l_inf attacks",
+        columns=header,
+        rows=rows,
+        seeds=result.seeds,
+        notes=f"{result.note()}; attacks: 10 steps; PixelDP draws per example: {args.n}; StoBatch's "
+        f"pixeldp_radius_scale() per seed: {scales}",
+        raw={"runs": result.runs},
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Timings vary from run to run, so these tests check what is measured and how it i
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from types import SimpleNamespace
@@ -20,11 +21,11 @@ MODE_LINE = r"(non-DP|ghost): \d+\.\d ms/step wall, \d+\.\d ms/step busy"
 OPERATOR_ROW = r"  \S.* +\d+\.\d{3} +\d+\.\d"
 
 
-def test_prints_each_mode_and_a_table_of_the_private_steps_top_operators(monkeypatch, capsys):
+def test_prints_each_mode_and_a_table_of_the_private_steps_top_operators(monkeypatch, capsys, tmp_path):
     """The report's format: each mode's line, and under the private mode's a header and ``--top`` operator rows.
     Which operators are the costliest depends on timing, so only the rows' number and shape are checked."""
     argv = ["dp_profile.py", "--case", "cnn_tanh/b64", "--steps", "1", "--profile-steps", "1", "--top", "3"]
-    monkeypatch.setattr(sys, "argv", argv + ["--device", "cpu"])
+    monkeypatch.setattr(sys, "argv", argv + ["--device", "cpu", "--results-dir", str(tmp_path)])
     bench.main()
     title, plain, private, header, *rows = capsys.readouterr().out.splitlines()
     assert title.startswith("cnn_tanh/b64 on cpu, threads: ")
@@ -32,6 +33,8 @@ def test_prints_each_mode_and_a_table_of_the_private_steps_top_operators(monkeyp
     assert re.fullmatch(MODE_LINE, private) and private.startswith("ghost: ")
     assert header.split() == ["operator", "self", "ms/step", "calls/step"]
     assert len(rows) == 3 and all(re.fullmatch(OPERATOR_ROW, row) for row in rows)
+    record = json.loads((tmp_path / "dp_profile_cnn_tanh_b64_cpu.json").read_text())
+    assert [row[0] for row in record["rows"]] == ["non-DP", "ghost"] and record["columns"][1] == "wall ms/step"
 
 
 def test_the_profile_holds_every_operator_of_the_private_step_costliest_first():

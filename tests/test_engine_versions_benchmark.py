@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -15,9 +16,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
 
 
-def test_reports_each_variants_time_and_the_three_ratios_of_one_run():
-    done = _run("--new", str(ROOT), "--old", str(ROOT), "--cases", "cnn_tanh/b2", "--rounds", "2", "--steps", "1")
+def test_reports_each_variants_time_and_the_three_ratios_of_one_run(tmp_path):
+    done = _run(
+        "--new", str(ROOT), "--old", str(ROOT), "--cases", "cnn_tanh/b2", "--rounds", "2", "--steps", "1",
+        "--results-dir", str(tmp_path),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "engine_versions_cpu.json").read_text())
+    assert record["columns"][0] == "case" and [row[0] for row in record["rows"]] == ["cnn_tanh/b2"]
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith(f"cnn_tanh/b2 ({ROOT / 'lightning_dprobust' / '__init__.py'} vs ")
     ratios = re.findall(r"(new|old) / (non-DP|old) (\d+\.\d\d)x \[(\d+\.\d\d)-(\d+\.\d\d)\]", line)

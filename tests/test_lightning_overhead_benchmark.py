@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -15,10 +16,12 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
 
 
-def test_reports_both_fits_times_and_the_ratio_over_the_pairs():
+def test_reports_both_fits_times_and_the_ratio_over_the_pairs(tmp_path):
     """The report line's format, and that the ratio's median lies within its min-max (true of any timings); no time
-    is compared with a value, since times vary from run to run."""
-    done = _run("--cases", "cnn_tanh/b2", "--pairs", "2", "--steps", "2", "--warmup", "1")
+    is compared with a value, since times vary from run to run. The result file holds the same row."""
+    done = _run(
+        "--cases", "cnn_tanh/b2", "--pairs", "2", "--steps", "2", "--warmup", "1", "--results-dir", str(tmp_path)
+    )
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip().splitlines()[-1]
     found = re.fullmatch(
@@ -29,6 +32,9 @@ def test_reports_both_fits_times_and_the_ratio_over_the_pairs():
     assert found, line
     _, _, median, low, high = map(float, found.groups())
     assert low <= median <= high
+    record = json.loads((tmp_path / "lightning_overhead_ghost.json").read_text())
+    plain, private = found.group(1), found.group(2)
+    assert record["rows"] == [["cnn_tanh/b2", "ghost", plain, private, f"{median:.2f}x [{low:.2f}-{high:.2f}]", "2"]]
 
 
 def test_a_case_the_script_cannot_build_is_refused_by_name():

@@ -34,7 +34,6 @@ import time
 import lightning as L
 import torch
 import torchattacks
-from results import add_results_arguments, result_name, write_result
 from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load
 
 from lightning_dprobust import zoo
@@ -44,6 +43,7 @@ from lightning_dprobust.methods import AIN, ClassifierModule
 from lightning_dprobust.robustness.ain_attack import AINAttack, success_rate
 from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
 from lightning_dprobust.robustness.reports import markdown_table
+from results import add_results_arguments, result_name, write_result
 
 TARGET, TARGET_CLASS, BOUNDS, TRAIN_EPS = "mlp_tanh.erm_digits", 8, (0.1, 0.2, 0.3), 0.2
 ATTACKS = ("AIN", "AIN (true label)", "i-FGSM", "PGD", "CW")

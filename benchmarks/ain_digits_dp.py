@@ -36,13 +36,13 @@ from pathlib import Path
 
 import torch
 from ain_digits import TRAIN_EPS, evaluate, train_ain
-from results import add_results_arguments, result_name, write_result
 from seeds import Sweep, add_seed_arguments, quiet_training, run_or_load, seeded_config
 
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.recipes import CONFIG_DIR, build_recipe, find_dp_callback, quiet_overrides
 from lightning_dprobust.robustness.reports import markdown_table
 from lightning_dprobust.zoo.build import apply_override
+from results import add_results_arguments, result_name, write_result
 
 TARGET_CONFIG = CONFIG_DIR / "erm" / "digits.yaml"
 PUBLIC_TARGET = {"data.init_args.train_part": "public", "data.init_args.batch_size": 128}

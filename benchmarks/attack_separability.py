@@ -15,13 +15,13 @@ import argparse
 
 import torch
 import torchattacks
-from results import add_results_arguments, result_name, write_result
 
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 from lightning_dprobust.robustness.randomness import isolated_rng, seed_everything_quietly
 from lightning_dprobust.robustness.reports import markdown_table
 from lightning_dprobust.robustness.separability import PerExampleAttack
+from results import add_results_arguments, result_name, write_result
 from tests.helpers import trained_digits_classifier
 
 CLIP = 1.0

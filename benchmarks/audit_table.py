@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from results import add_results_arguments, result_name, write_result
 from seeds import Sweep, add_seed_arguments, run_or_load
 from torch.utils.data import ConcatDataset, Subset
 
@@ -43,6 +42,7 @@ from lightning_dprobust.audit.runner import (
     zoo_recipe,
 )
 from lightning_dprobust.robustness.reports import markdown_table, write_text
+from results import add_results_arguments, result_name, write_result
 
 
 @dataclass(frozen=True)

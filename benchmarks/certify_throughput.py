@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from results import add_results_arguments, result_name, slug, write_result
 from scipy.stats import beta, norm
 from torch import nn
 
 from lightning_dprobust.core.smoothing import ABSTAIN, Certificate, Smooth
 from lightning_dprobust.models import create_model
+from results import add_results_arguments, result_name, slug, write_result
 
 MNIST_SHAPE = (1, 28, 28)
 DIGITS_SHAPE = (1, 8, 8)

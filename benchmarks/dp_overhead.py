@@ -42,6 +42,7 @@ import time
 import warnings
 
 import torch
+
 from results import add_results_arguments, result_name, write_result
 
 TOKEN_BAG = "token_bag"

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 from dp_overhead import CASES, MODES, build_step
-from results import add_results_arguments, result_name, slug, write_result
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+
+from results import add_results_arguments, result_name, slug, write_result
 
 WARM_UP = 3
 

@@ -21,15 +21,26 @@ import argparse
 from dataclasses import replace
 
 import torch
-from results import add_results_arguments, result_name, write_result
 from seeds import DEFAULT_SEEDS, Sweep, sweep
 
 from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.data.ehr_records import encode
 from lightning_dprobust.data.ehr_synthetic import STRUCTURE, synthetic_records
 from lightning_dprobust.metrics.synthetic import similarity_report
+from results import add_results_arguments, result_name, write_result
 
-ROWS = ("oracle", "no_structure", "shuffled_marginals", "train_split")
+ROWS = ("train_split", "oracle", "no_structure", "shuffled_marginals")
+LABELS = {
+    "train_split": "train split (real records)",
+    "oracle": "fresh draw of the generator",
+    "no_structure": "generator without static effects, trend, seasons",
+    "shuffled_marginals": "training cells shuffled across records",
+}
+"""How the table names each row."""
+HEADINGS = {"feature_0/minkowski": "#0 minkowski", "feature_4/minkowski": "#4 minkowski",
+            "feature_7/minkowski": "#7 minkowski", "missing_wasserstein": "missing W1",
+            "increment_wasserstein": "increment W1"}  # fmt: skip
+"""How the table names each column (``synthetic/`` dropped)."""
 COLUMNS = (
     "synthetic/minkowski",
     "synthetic/cosine",
@@ -71,8 +82,9 @@ def main() -> None:
             return similarity_report(real, candidate(row, datamodule, len(real[0]), seed), seed=seed)
 
         results[row] = sweep(run, args.seeds, row)
-    header = ["set", *(key.removeprefix("synthetic/") for key in COLUMNS)]
-    rows = [[row, *(result.cell(key, digits=3) for key in COLUMNS)] for row, result in results.items()]
+    names = [key.removeprefix("synthetic/") for key in COLUMNS]
+    header = ["set", *(HEADINGS.get(name, name) for name in names)]
+    rows = [[LABELS[row], *(result.cell(key, digits=3) for key in COLUMNS)] for row, result in results.items()]
     print("| " + " | ".join(header) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
     for cells in rows:

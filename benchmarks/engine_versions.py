@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from results import add_results_arguments, result_name, write_result
 
 HERE = Path(__file__).resolve().parent

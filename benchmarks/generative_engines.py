@@ -22,10 +22,10 @@ from types import SimpleNamespace
 
 import torch
 from dp_overhead import spread
-from results import add_results_arguments, result_name, write_result
 
 from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.methods.igamt import IGAMT
+from results import add_results_arguments, result_name, write_result
 
 MODES = {"non-DP": dict(noise_multiplier=None), "vmap": dict(engine="vmap"), "auto": dict(engine="auto")}
 

@@ -19,11 +19,11 @@ import warnings
 
 import lightning as L
 import torch
-from results import add_results_arguments, result_name, write_result
 from seeds import spread_cell
 from torch.utils.data import TensorDataset
 
 from lightning_dprobust.methods import IGAMT
+from results import add_results_arguments, result_name, write_result
 
 F, T, N = 4, 6, 256
 SIZES = dict(

@@ -25,8 +25,9 @@ import warnings
 import lightning as L
 import torch
 from dp_overhead import CASES, spread
-from results import add_results_arguments, result_name, write_result
 from torch.utils.data import DataLoader, TensorDataset
+
+from results import add_results_arguments, result_name, write_result
 
 
 class StepTimer(L.Callback):

@@ -21,13 +21,12 @@ import contextlib
 import time
 from pathlib import Path
 
-from results import add_results_arguments, result_name, write_result
-
 from lightning_dprobust.audit import white_box_audit
 from lightning_dprobust.audit.faults import replayed_noise
 from lightning_dprobust.audit.runner import canary_audit
 from lightning_dprobust.recipes import load_recipe
 from lightning_dprobust.robustness.reports import markdown_table, write_text
+from results import add_results_arguments, result_name, write_result
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "dpsgd" / "digits.yaml"
 ROWS = (

@@ -2,8 +2,9 @@
 
 A kit is a :class:`Kit`: the grid of one paper's main table as :class:`Cell` s (datasets, epsilons, methods,
 hyperparameters), each trained through the shipped recipes (``configs/``,
-:func:`lightning_dprobust.recipes.build_recipe`, the path of ``dprobust fit``) and evaluated, with the paper's numbers for that cell transcribed from the paper
-(labelled "paper", with page and table/figure). :func:`main` runs a kit from the command line:
+:func:`lightning_dprobust.recipes.build_recipe`, the path of ``dprobust fit``) and evaluated, with the paper's
+numbers for that cell transcribed from the paper (labelled "paper", with page and table/figure). :func:`main` runs a
+kit from the command line:
 
 * real mode (default): the paper's data (``$DPROBUST_DATA`` or ``--data-root``), paper-sized models, the paper's
   epochs; results go to ``results/papers/<paper>/``;
@@ -52,8 +53,9 @@ from lightning_dprobust.recipes import CONFIG_DIR, FittedRecipe, build_recipe, f
 from lightning_dprobust.robustness.reports import markdown_table  # noqa: E402
 from results import RESULTS_DIR, write_result  # noqa: E402
 
-PAPER_CONFIGS = HERE / "configs"
-"""Paper-sized recipes the kits use in real mode (models the paper fixes, the paper's budgets)."""
+PAPER_CONFIGS = CONFIG_DIR / "papers"
+"""Recipes the kits add to the shipped ones (``configs/papers/<paper>/``): paper-sized models, pre-training stages,
+the paper's budgets where a shipped recipe deviates."""
 
 GPU_SPEEDUP = 25.0
 """Assumed speed-up of one H100/A100-class GPU over one core of this machine's CPU for these small convolutional
@@ -122,6 +124,8 @@ class Context:
     data_root: Path | None
     device: str
     step_times: dict[str, float] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)
+    """Stages shared by several cells of one run (e.g. a pre-trained model per seed)."""
 
     @property
     def fake(self) -> bool:
@@ -164,13 +168,15 @@ def fit(
     dataset: str | None = None,
     test: bool = True,
     timing_key: str = "",
+    prepare: Callable[[L.LightningModule], None] | None = None,
 ) -> FittedRecipe:
     """Fit a recipe exactly as ``dprobust fit`` would (:func:`build_recipe`), seeded (:func:`seeded_config`), quiet,
     without checkpoints, and test it.
 
     ``overrides`` apply in every mode (the paper's settings), ``smoke_overrides`` only in smoke mode (tiny model);
-    in smoke and timing modes the data folder is the fake one of ``dataset`` and training stops after 2 (smoke) or 4
+    in smoke and timing modes the data folder is the fake one of ``dataset`` and training stops after 2 (smoke) or 3
     (timing) steps. In timing mode the median time of the steps after the first is stored under ``timing_key``.
+    ``prepare(module)`` runs after the module is built and before training (e.g. to load pre-trained weights).
     """
     path = Path(config) if isinstance(config, str | Path) else None
     seeded = seeded_config(path if path is not None else dict(config), seed)
@@ -192,11 +198,13 @@ def fit(
     if context.smoke:
         args += [*SMOKE_TRAINER, *smoke_overrides]
     elif context.timing:
-        args += [a.replace("max_steps=2", "max_steps=4") for a in SMOKE_TRAINER]
+        args += [a.replace("max_steps=2", "max_steps=3") for a in SMOKE_TRAINER]
     with _quiet():
         cli = build_recipe(seeded, args)
         timer = StepTimer()
         cli.trainer.callbacks.append(timer)
+        if prepare is not None:
+            prepare(cli.model)
         cli.trainer.fit(cli.model, cli.datamodule)
         metrics = cli.trainer.test(cli.model, cli.datamodule, verbose=False)[0] if test else {}
     if context.timing and timing_key and len(timer.times) > 1:
@@ -207,6 +215,22 @@ def fit(
 def epsilon_of(fitted: FittedRecipe) -> float:
     """The run's DP epsilon (``inf`` without DP)."""
     return float(fitted.privacy.epsilon()) if fitted.privacy is not None else math.inf
+
+
+def attack_accuracies(
+    module: torch.nn.Module,
+    data: tuple[torch.Tensor, torch.Tensor],
+    suite: Mapping[str, tuple[str, float, dict]],
+    seed: int,
+    device: str = "cpu",
+) -> dict[str, float]:
+    """Clean accuracy (``"clean"``) and accuracy under each ``label: (attack name, eps, kwargs)`` of ``suite``
+    (:func:`lightning_dprobust.robustness.attacks.robust_accuracy`: each attack on every example, seeded)."""
+    from lightning_dprobust.robustness.attacks import build_attack, robust_accuracy
+
+    module = module.eval().to(device)
+    attacks = {label: build_attack(name, module, eps, **kwargs) for label, (name, eps, kwargs) in suite.items()}
+    return robust_accuracy(module, data, attacks, seed=seed, device=device)
 
 
 def test_tensors(datamodule, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,12 +245,12 @@ def test_tensors(datamodule, limit: int | None) -> tuple[torch.Tensor, torch.Ten
 
 
 def config_path(method: str, dataset: str) -> Path:
-    """A shipped recipe ``configs/<method>/<dataset>.yaml`` or a kit's ``benchmarks/papers/configs/...``."""
-    for root in (PAPER_CONFIGS, CONFIG_DIR):
+    """The shipped recipe ``configs/<method>/<dataset>.yaml``, or a kit's ``configs/papers/<method>/<dataset>.yaml``."""
+    for root in (CONFIG_DIR, PAPER_CONFIGS):
         path = root / method / f"{dataset}.yaml"
         if path.is_file():
             return path
-    raise FileNotFoundError(f"no recipe {method}/{dataset}.yaml under {PAPER_CONFIGS} or {CONFIG_DIR}")
+    raise FileNotFoundError(f"no recipe {method}/{dataset}.yaml under {CONFIG_DIR} or {PAPER_CONFIGS}")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -350,15 +374,18 @@ def write_fake_mimic(root: Path, stays: int = 48, steps: int = 6) -> None:
         (root / name).write_text("\n".join([header, *rows]) + "\n")
 
 
-FAKE_WRITERS: dict[str, Callable[[Path], None]] = {
-    "mnist": lambda root: write_fake_mnist(root, "MNIST"),
-    "fashion_mnist": lambda root: write_fake_mnist(root, "FashionMNIST"),
-    "cifar10": lambda root: write_fake_cifar(root, classes=10),
-    "cifar100": lambda root: write_fake_cifar(root, classes=100),
-    "idc": write_fake_idc,
-    "mimic_iv_ed": write_fake_mimic,
+FAKE_WRITERS: dict[str, Callable[[Path, int], None]] = {
+    "mnist": lambda root, n: write_fake_mnist(root, "MNIST", n_train=n),
+    "fashion_mnist": lambda root, n: write_fake_mnist(root, "FashionMNIST", n_train=n),
+    "cifar10": lambda root, n: write_fake_cifar(root, per_batch=n // 5, classes=10),
+    "cifar100": lambda root, n: write_fake_cifar(root, per_batch=n // 5, classes=100),
+    "idc": lambda root, n: write_fake_idc(root, patients=max(12, n // 50), per_class=3 if n <= 100 else 25),
+    "mimic_iv_ed": lambda root, n: write_fake_mimic(root, stays=max(48, n // 10)),
 }
-"""Fake dataset writers, by the data folder name each data module reads (``<root>/<name>``)."""
+"""Fake dataset writers, by the data folder name each data module reads (``<root>/<name>``), and training-set size."""
+
+SMOKE_SIZE, TIMING_SIZE = 60, 3000
+"""Fake training-set sizes: smoke mode, and timing mode (large enough for the papers' batches, up to 2,499)."""
 
 
 @contextlib.contextmanager
@@ -413,7 +440,7 @@ def run_kit(
         context = Context(kit.name, smoke, False, workdir, Path(data_root) if data_root else None, device)
         if smoke:
             for dataset in kit.datasets:
-                FAKE_WRITERS[dataset](workdir / "data" / dataset)
+                FAKE_WRITERS[dataset](workdir / "data" / dataset, SMOKE_SIZE)
         with fake_md5s(workdir / "data") if smoke else contextlib.nullcontext():
             for cell in cells:
                 if cell.skip or cell.run is None:
@@ -465,8 +492,8 @@ def table_rows(kit: Kit, cells: Sequence[Cell], measured) -> list[list[str]]:
     for cell in cells:
         runs = measured.get(cell.key, {})
         values = []
-        for key, _, scale in kit.metrics:
-            here = f"not run: {cell.skip}" if cell.skip else _cell_value(runs, key, scale)
+        for index, (key, _, scale) in enumerate(kit.metrics):
+            here = ("-" if index else f"not run: {cell.skip}") if cell.skip else _cell_value(runs, key, scale)
             values += [here, cell.paper.get(key, "-")]
         rows.append([*cell.labels, *values])
     return rows
@@ -502,17 +529,17 @@ def _write_table(kit: Kit, cells, measured, seeds, target: Path, smoke: bool, de
 
 # ------------------------------------------------------------------------------------------------------- estimate
 def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None) -> str:
-    """Time each distinct real-mode recipe of the grid for 4 steps (median of steps 2-4) on fake data of the real
-    image shape, on this machine's CPU with one thread, and print ``steps x seconds per step / speedup`` per cell and
-    in total, times the number of seeds. An **estimate**: evaluation (attacks, certification, synthesis) is not
-    timed, the fake sets are small (batches capped by the fake data size), and the GPU speed-up is assumed
+    """Time each distinct real-mode recipe of the grid for 3 steps (median of steps 2-3) on fake data of the real
+    image shape (3,000 training examples, so the papers' batches fit), on this machine's CPU with one thread, and
+    print ``steps x seconds per step / speedup`` per cell and in total, times the number of seeds. An **estimate**:
+    evaluation (attacks, certification, synthesis) is not timed, and the GPU speed-up is assumed
     (:data:`GPU_SPEEDUP`), not measured."""
     seeds = len(kit.real_seeds) if seeds is None else seeds
     lines, total = [], 0.0
     with tempfile.TemporaryDirectory(prefix=f"kit-{kit.name}-estimate-") as scratch:
         workdir = Path(scratch)
         for dataset in kit.datasets:
-            FAKE_WRITERS[dataset](workdir / "data" / dataset)
+            FAKE_WRITERS[dataset](workdir / "data" / dataset, TIMING_SIZE)
         context = Context(kit.name, False, True, workdir, None, "cpu")
         with fake_md5s(workdir / "data"):
             for cell in kit.cells:

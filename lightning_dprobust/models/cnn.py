@@ -151,3 +151,49 @@ def cnn_tanh(*, num_classes: int, input_shape: tuple[int, int, int], **kwargs: o
 def mlp_tanh(*, num_classes: int, input_shape: tuple[int, int, int], **kwargs: object) -> MLPTanh:
     """A two-hidden-layer tanh MLP (see :class:`MLPTanh`)."""
     return MLPTanh(num_classes, input_shape, **kwargs)
+
+
+class AbadiCNN(nn.Module):
+    """The CIFAR network of Abadi et al. 2016 (https://arxiv.org/abs/1607.00133, section 5.3), which DP-Adv (Bu et al.
+    2021, https://arxiv.org/abs/2112.12497, section 4.4) pre-trains on CIFAR-100 before training privately on
+    CIFAR-10: two 5x5 convolutions of 64 channels (stride 1, ReLU, 2x2 max-pool each), two fully connected layers of
+    384 units (ReLU) and a linear head. Local response normalization and batch normalization are dropped (neither
+    can be clipped per example). The head is :attr:`head`, so a pre-trained body can be kept and the head replaced.
+
+    Args:
+        num_classes: number of output logits.
+        input_shape: ``(C, H, W)`` of the images (Abadi et al. crop CIFAR to 24x24; 32x32 works as well).
+        channels: channels of both convolutions.
+        hidden: width of both fully connected layers.
+    """
+
+    def __init__(
+        self, num_classes: int, input_shape: tuple[int, int, int], channels: int = 64, hidden: int = 384
+    ) -> None:
+        super().__init__()
+        _check_shape(input_shape, 4, "abadi_cnn")
+        c, height, width = input_shape
+        self.body = nn.Sequential(
+            nn.Conv2d(c, channels, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, channels, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(channels * (height // 4) * (width // 4), hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the logits of a batch of normalized images."""
+        return self.head(self.body(x))
+
+
+@register_model("abadi_cnn")
+def abadi_cnn(*, num_classes: int, input_shape: tuple[int, int, int], **kwargs: object) -> AbadiCNN:
+    """Abadi et al. 2016's CIFAR CNN (see :class:`AbadiCNN`)."""
+    return AbadiCNN(num_classes, input_shape, **kwargs)

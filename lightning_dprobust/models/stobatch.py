@@ -12,6 +12,7 @@ nominal, not a differential-privacy guarantee (see the method).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -69,7 +70,12 @@ class StoBatchNet(nn.Module):
         input_shape: ``(C, H, W)``.
         channels: feature maps of ``theta1``.
         kernel_size, stride, padding: geometry of ``theta1``; ``d = C k^2`` and ``beta`` = one map's size.
-        body_channels: channels of the 3x3 convolution of ``theta2``.
+        body_channels: channels of the convolution of ``theta2``; a list gives one convolution (ReLU) per entry, the
+            paper's bodies (Appendix P): ``[64]`` with ``body_kernel_size=5, body_stride=2`` on MNIST (conv1 32 and
+            conv2 64 maps of 5x5 patches), ``[128, 256]`` with ``body_kernel_size=5`` on CIFAR-10 (conv1 128 of 4x4,
+            then 128 and 256 of 5x5).
+        body_kernel_size, body_stride: geometry of the body's convolutions (padding ``body_kernel_size // 2``).
+        body_pool: average-pooling window after the body's convolutions (1: none; the authors' CIFAR-10 code: 2).
         hidden: ``|h_pi|``.
         inference_noise: ``"released"`` or ``"training_draw"`` (above).
         normalization: ``"none"`` or ``"batch"`` (above).
@@ -88,8 +94,11 @@ class StoBatchNet(nn.Module):
         kernel_size: int = 4,
         stride: int = 2,
         padding: int = 1,
-        body_channels: int = 32,
+        body_channels: int | Sequence[int] = 32,
         hidden: int = 64,
+        body_kernel_size: int = 3,
+        body_stride: int = 1,
+        body_pool: int = 1,
         inference_noise: InferenceNoise = "released",
         normalization: Normalization = "none",
         feature_gain: float = 30.0,
@@ -115,12 +124,21 @@ class StoBatchNet(nn.Module):
             if normalization == "batch"
             else []
         )
+        widths = [body_channels] if isinstance(body_channels, int) else [int(c) for c in body_channels]
+        if not widths or min(widths) < 1:
+            raise ValueError(f"body_channels={body_channels!r} must be a positive int or a non-empty list of them")
+        convolutions: list[nn.Module] = []
+        for width_in, width_out in zip([channels, *widths[:-1]], widths, strict=True):
+            conv = nn.Conv2d(width_in, width_out, body_kernel_size, body_stride, padding=body_kernel_size // 2)
+            convolutions += [conv, nn.ReLU()]
+        if body_pool > 1:
+            convolutions.append(nn.AvgPool2d(body_pool))
+        conv_shape = nn.Sequential(*convolutions)(torch.zeros(1, *self.map_shape)).shape[1:]
         self.body = nn.Sequential(
             *normalize,
-            nn.Conv2d(channels, body_channels, 3, padding=1),
-            nn.ReLU(),
+            *convolutions,
             nn.Flatten(),
-            nn.Linear(body_channels * self.map_shape[1] * self.map_shape[2], hidden),
+            nn.Linear(math.prod(conv_shape), hidden),
             nn.Tanh(),
         )
         self.head = nn.Linear(hidden, num_classes, bias=False)

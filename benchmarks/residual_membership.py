@@ -35,6 +35,7 @@ from lightning_dprobust.audit.runner import checkpoint_membership_audit, train_c
 from lightning_dprobust.methods import DPSGD, ResidualPerturbation
 from lightning_dprobust.recipes import Recipe
 from lightning_dprobust.robustness.reports import markdown_table, write_text
+from results import add_results_arguments, result_name, write_result
 
 SGD = dict(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4, lr_schedule="cosine")
 
@@ -109,8 +110,15 @@ def _run(row: Row, dataset: str, seed: int, epochs: int, shadows: int) -> dict:
     return result
 
 
+TABLE_HEADER = ["model", "test acc", "train-test gap", "AUC loss", "AUC shadow", "AUC LiRA", "epsilon"]
+TIMING_HEADER = ["model", "s / epoch", "x plain ResNet8", "x DP-SGD"]
+
+
 def _table(rows: list[Row]) -> str:
-    header = ["model", "test acc", "train-test gap", "AUC loss", "AUC shadow", "AUC LiRA", "epsilon"]
+    return markdown_table(TABLE_HEADER, _table_cells(rows))
+
+
+def _table_cells(rows: list[Row]) -> list[list[str]]:
     lines = []
     for row in rows:
         r = row.results
@@ -121,7 +129,7 @@ def _table(rows: list[Row]) -> str:
             eps_cell = f"{eps:.3g}" + ("" if row.dp else " (nominal)")
         keys = ("test_acc", "gap", "auc_loss", "auc_shadow", "auc_lira")
         lines.append([row.name, *(spread_cell([x[k] for x in r], digits=3) for k in keys), eps_cell])
-    return markdown_table(header, lines)
+    return lines
 
 
 def _timing(rows: list[Row]) -> str:
@@ -145,14 +153,17 @@ def _interleaved_timing(rows: list[Row], dataset: str, repeats: int) -> dict[str
 
 
 def _timing_table(seconds: dict[str, float]) -> str:
+    return markdown_table(TIMING_HEADER, _timing_cells(seconds))
+
+
+def _timing_cells(seconds: dict[str, float]) -> list[list[str]]:
     plain = next((s for name, s in seconds.items() if name.startswith("ResNet8 (plain")), None)
     dpsgd = next((s for name, s in reversed(seconds.items()) if name.startswith("DP-SGD")), None)
 
     def ratio(s: float, reference: float | None) -> str:
         return f"{s / reference:.2f}" if reference else "n/a"
 
-    lines = [[name, f"{s:.2f}", ratio(s, plain), ratio(s, dpsgd)] for name, s in seconds.items()]
-    return markdown_table(["model", "s / epoch", "x plain ResNet8", "x DP-SGD"], lines)
+    return [[name, f"{s:.2f}", ratio(s, plain), ratio(s, dpsgd)] for name, s in seconds.items()]
 
 
 def _collect(rows: list[Row], logs: list[str]) -> None:
@@ -182,6 +193,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/residual_membership.md")
     parser.add_argument("--collect", nargs="+", metavar="LOG", help="tabulate the JSON lines of earlier runs")
     parser.add_argument("--timing", type=int, metavar="R", help="only time one-epoch fits, in turn, R times")
+    add_results_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = _rows()
@@ -189,8 +201,20 @@ def main() -> None:
     if unknown:
         parser.error(f"--rows: unknown {sorted(unknown)}; the rows are {[row.name for row in rows]}")
     rows = [row for row in rows if not args.rows or row.name in args.rows]
+    name = result_name(args, f"residual_membership_{args.dataset}")
     if args.timing:
-        print(_timing_table(_interleaved_timing(rows, args.dataset, args.timing)))
+        seconds = _interleaved_timing(rows, args.dataset, args.timing)
+        print(_timing_table(seconds))
+        write_result(
+            f"{name}_interleaved_timing",
+            title=f"Residual perturbation vs DP-SGD on {args.dataset}: seconds per one-epoch fit, fits taken in turn",
+            columns=TIMING_HEADER,
+            rows=_timing_cells(seconds),
+            seeds=[0],
+            notes=f"one run, median of {args.timing} rounds; each round fits every row once for one epoch (setup "
+            "included), so every row meets the same load",
+            directory=args.results_dir,
+        )
         return
     if args.collect:
         _collect(rows, args.collect)
@@ -202,6 +226,28 @@ def main() -> None:
     print(text)
     raw = json.dumps({row.name: row.results for row in rows}, indent=1)
     write_text(f"{text}\n<!-- raw\n{raw}\n-->\n", args.out)
+    seeds = sorted({result["seed"] for row in rows for result in row.results})
+    settings = f"{args.epochs} epochs, {args.shadows} shadow models"
+    write_result(
+        name,
+        title=f"Residual perturbation vs DP-SGD on {args.dataset}: accuracy, membership-attack AUC and epsilon",
+        columns=TABLE_HEADER,
+        rows=_table_cells(rows),
+        seeds=seeds,
+        notes=f"mean +- sample standard deviation over the seeds; {settings}; members: the train split, non-members: "
+        "validation + test",
+        raw={row.name: row.results for row in rows},
+        directory=args.results_dir,
+    )
+    write_result(
+        f"{name}_timing",
+        title=f"Residual perturbation vs DP-SGD on {args.dataset}: wall-clock per epoch",
+        columns=TIMING_HEADER,
+        rows=_timing_cells({row.name: row.results[0]["epoch_s"] for row in rows}),
+        seeds=[row.results[0]["seed"] for row in rows][:1],
+        notes="each row's first seed, in this one run (rows trained one after the other)",
+        directory=args.results_dir,
+    )
 
 
 if __name__ == "__main__":

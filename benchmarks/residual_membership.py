@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from convergence import Convergence
 from seeds import spread_cell
 
 import lightning_dprobust.data
@@ -83,34 +84,50 @@ held out for test, so that 2,250 train images keep the runs short and members an
 numbers."""
 
 
-def _recipe(row: Row, dataset: str, seed: int, epochs: int) -> Recipe:
-    """The ``dprobust fit`` config of ``row`` on ``dataset``: batch 128, ``epochs`` epochs, seed ``seed``."""
+def _recipe(row: Row, dataset: str, seed: int, epochs: int, stop: dict | None = None) -> Recipe:
+    """The ``dprobust fit`` config of ``row`` on ``dataset``: batch 128, ``epochs`` epochs (the cap when ``stop`` is
+    given: the arguments of a :class:`convergence.Convergence` callback on the dataset's validation split), seed
+    ``seed``."""
     name, data_args = DATASETS[dataset]
     data = {"class_path": f"lightning_dprobust.data.{name}", "init_args": {"batch_size": 128, "seed": 0} | data_args}
     model = {"class_path": f"lightning_dprobust.methods.{row.module.__name__}", "init_args": dict(row.kwargs)}
     trainer = {"accelerator": "cpu", "devices": 1, "max_epochs": epochs}
+    if stop is not None:
+        arguments = {"data_module": name, "data_args": data_args} | stop
+        trainer["callbacks"] = [{"class_path": f"{Convergence.__module__}.Convergence", "init_args": arguments}]
     return Recipe({"seed_everything": seed, "trainer": trainer, "model": model, "data": data, "dp": row.dp})
 
 
-def _run(row: Row, dataset: str, seed: int, epochs: int, shadows: int) -> dict:
+def _run(
+    row: Row, dataset: str, seed: int, epochs: int, shadows: int, patience: int | None = None, min_delta: float = 0.0
+) -> dict:
+    """Train ``row``'s target (``epochs`` epochs, or until converged when ``patience`` is given: see
+    :class:`convergence.Convergence`; its shadow models then train exactly as many epochs as it did, under the same
+    schedule), test it and attack it."""
     name, data_args = DATASETS[dataset]
     datamodule = getattr(lightning_dprobust.data, name)(seed=0, **data_args)
     datamodule.setup("fit")
     datamodule.setup("test")
-    recipe = _recipe(row, dataset, seed, epochs)
+    stop = None if patience is None else {"patience": patience, "min_delta": min_delta}
+    recipe = _recipe(row, dataset, seed, epochs, stop)
     start = time.perf_counter()
     trained = train_classifier(recipe, datamodule.train_set)
-    seconds = (time.perf_counter() - start) / epochs
     model = trained.module
+    trained_epochs = int(getattr(model, "converged_epochs", epochs))
+    seconds = (time.perf_counter() - start) / trained_epochs
+    if stop is not None:  # the shadows copy the target's training: same cap (schedule), stopped at the same epoch
+        recipe = _recipe(row, dataset, seed, epochs, {"epochs": trained_epochs})
     report = checkpoint_membership_audit(model, datamodule, recipe, shadows, ATTACKS, seed)
     train_acc, test_acc = _accuracy(model, datamodule.train_set), _accuracy(model, datamodule.test_set)
     result = dict(seed=seed, train_acc=train_acc, test_acc=test_acc, gap=train_acc - test_acc, epoch_s=seconds)
+    result |= dict(epochs=trained_epochs, val_history=[round(acc, 4) for acc in getattr(model, "val_history", [])])
     result |= {f"auc_{name}": metrics.auc for name, metrics in report.metrics.items()}
     result["epsilon"] = trained.epsilon if row.dp else model.ledger.nominal[0].epsilon
     return result
 
 
 TABLE_HEADER = ["model", "test acc", "train-test gap", "AUC loss", "AUC shadow", "AUC LiRA", "epsilon"]
+TABLE_HEADER += ["epochs", "seeds"]
 TIMING_HEADER = ["model", "s / epoch", "x plain ResNet8", "x DP-SGD"]
 
 
@@ -128,8 +145,18 @@ def _table_cells(rows: list[Row]) -> list[list[str]]:
         else:
             eps_cell = f"{eps:.3g}" + ("" if row.dp else " (nominal)")
         keys = ("test_acc", "gap", "auc_loss", "auc_shadow", "auc_lira")
-        lines.append([row.name, *(spread_cell([x[k] for x in r], digits=3) for k in keys), eps_cell])
+        epochs = spread_cell([x.get("epochs", math.nan) for x in r], digits=1).replace(" (1 seed)", "")
+        cells = [spread_cell([x[k] for x in r], digits=3) for k in keys]
+        lines.append([row.name, *cells, eps_cell, epochs, _seed_list([x["seed"] for x in r])])
     return lines
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """``'0-7'`` for consecutive seeds, else ``'0, 2, 5'``."""
+    seeds = sorted(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
 
 
 def _timing(rows: list[Row]) -> str:
@@ -188,7 +215,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--dataset", choices=sorted(DATASETS), default="digits")
     parser.add_argument("--rows", nargs="+", metavar="NAME", help="run only the rows of these names")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=20, help="epochs (the cap with --patience; default 20)")
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        help="train until converged: stop when the validation accuracy has not improved by more than --min-delta for "
+        "this many epochs (default: train exactly --epochs)",
+    )
+    parser.add_argument("--min-delta", type=float, default=0.002, help="with --patience (default 0.002: 0.2 points)")
     parser.add_argument("--shadows", type=int, default=2)
     parser.add_argument("--out", default="runs/residual_membership.md")
     parser.add_argument("--collect", nargs="+", metavar="LOG", help="tabulate the JSON lines of earlier runs")
@@ -220,7 +255,7 @@ def main() -> None:
         _collect(rows, args.collect)
     for seed in [] if args.collect else args.seeds:
         for row in rows:
-            row.results.append(_run(row, args.dataset, seed, args.epochs, args.shadows))
+            row.results.append(_run(row, args.dataset, seed, args.epochs, args.shadows, args.patience, args.min_delta))
             print(json.dumps({"row": row.name} | row.results[-1]), flush=True)
     text = f"{_table(rows)}\n\nWall-clock per epoch:\n\n{_timing(rows)}\n"
     print(text)
@@ -228,6 +263,13 @@ def main() -> None:
     write_text(f"{text}\n<!-- raw\n{raw}\n-->\n", args.out)
     seeds = sorted({result["seed"] for row in rows for result in row.results})
     settings = f"{args.epochs} epochs, {args.shadows} shadow models"
+    if args.patience is not None:
+        settings = (
+            f"trained until converged: stopped once the validation accuracy (noise on) had not improved by more than "
+            f"{100 * args.min_delta:g} points for {args.patience} epochs, at most {args.epochs} epochs (cosine "
+            f"schedule over {args.epochs}); shadow models trained as many epochs as their target; {args.shadows} "
+            "shadow models"
+        )
     write_result(
         name,
         title=f"Residual perturbation vs DP-SGD on {args.dataset}: accuracy, membership-attack AUC and epsilon",

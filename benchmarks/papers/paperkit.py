@@ -43,6 +43,7 @@ import lightning as L
 import numpy as np
 import torch
 import yaml
+from torch.utils.data import Subset
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [p for p in (str(HERE.parent), str(HERE)) if p not in sys.path]
@@ -104,8 +105,8 @@ class Kit:
     title: str
     source: str
     label_columns: Sequence[str]
-    metrics: Sequence[tuple[str, str, float]]
-    """``(metric key, column title, scale)``: e.g. ``("acc", "clean acc (%)", 100)``."""
+    metrics: Sequence[tuple]
+    """``(metric key, column title, scale[, digits])``: e.g. ``("acc", "clean acc (%)", 100)`` (2 digits)."""
     cells: Sequence[Cell]
     notes: str = ""
     real_seeds: Sequence[int] = (0, 1, 2)
@@ -169,6 +170,7 @@ def fit(
     test: bool = True,
     timing_key: str = "",
     prepare: Callable[[L.LightningModule], None] | None = None,
+    train_indices: Sequence[int] | None = None,
 ) -> FittedRecipe:
     """Fit a recipe exactly as ``dprobust fit`` would (:func:`build_recipe`), seeded (:func:`seeded_config`), quiet,
     without checkpoints, and test it.
@@ -177,6 +179,7 @@ def fit(
     in smoke and timing modes the data folder is the fake one of ``dataset`` and training stops after 2 (smoke) or 3
     (timing) steps. In timing mode the median time of the steps after the first is stored under ``timing_key``.
     ``prepare(module)`` runs after the module is built and before training (e.g. to load pre-trained weights).
+    ``train_indices``: train on these examples of the data module's train split only (a membership-audit quarter).
     """
     path = Path(config) if isinstance(config, str | Path) else None
     seeded = seeded_config(path if path is not None else dict(config), seed)
@@ -195,6 +198,8 @@ def fit(
     ]
     if dataset is not None and context.data_dir(dataset) is not None:
         args.append(f"--data.init_args.data_dir={context.data_dir(dataset)}")
+    if context.fake:
+        args += FAKE_DATA_ARGS.get(dataset or "", [])
     if context.smoke:
         args += [*SMOKE_TRAINER, *smoke_overrides]
     elif context.timing:
@@ -205,11 +210,38 @@ def fit(
         cli.trainer.callbacks.append(timer)
         if prepare is not None:
             prepare(cli.model)
+        if train_indices is not None:
+            cli.datamodule.setup("fit")
+            cli.datamodule.train_set = Subset(cli.datamodule.train_set, [int(i) for i in train_indices])
         cli.trainer.fit(cli.model, cli.datamodule)
         metrics = cli.trainer.test(cli.model, cli.datamodule, verbose=False)[0] if test else {}
     if context.timing and timing_key and len(timer.times) > 1:
         context.step_times[timing_key] = float(np.median(timer.times[1:]))
     return FittedRecipe(cli.trainer, cli.model, cli.datamodule, find_dp_callback(cli.trainer), metrics)
+
+
+def datamodule_of(
+    context: Context,
+    config: str | Path | Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    smoke_overrides: Sequence[str] = (),
+    dataset: str | None = None,
+):
+    """The data module a :func:`fit` with the same arguments would train on, set up (nothing is trained)."""
+    args = ["--trainer.logger=false", *overrides]
+    if dataset is not None and context.data_dir(dataset) is not None:
+        args.append(f"--data.init_args.data_dir={context.data_dir(dataset)}")
+    if context.fake:
+        args += FAKE_DATA_ARGS.get(dataset or "", [])
+    if context.smoke:
+        args += list(smoke_overrides)
+    with _quiet():
+        datamodule = build_recipe(
+            seeded_config(Path(config) if isinstance(config, str | Path) else dict(config), 0), args
+        ).datamodule
+    datamodule.setup("fit")
+    datamodule.setup("test")
+    return datamodule
 
 
 def epsilon_of(fitted: FittedRecipe) -> float:
@@ -384,6 +416,9 @@ FAKE_WRITERS: dict[str, Callable[[Path, int], None]] = {
 }
 """Fake dataset writers, by the data folder name each data module reads (``<root>/<name>``), and training-set size."""
 
+FAKE_DATA_ARGS = {"idc": ["--data.init_args.train_size=0.5", "--data.init_args.test_size=0.3"]}
+"""Data-module arguments the fake sets need (the IDC module checks the official patch count unless given fractions)."""
+
 SMOKE_SIZE, TIMING_SIZE = 60, 3000
 """Fake training-set sizes: smoke mode, and timing mode (large enough for the papers' batches, up to 2,499)."""
 
@@ -456,11 +491,17 @@ def run_kit(
     return _write_table(kit, cells, measured, seeds, target, smoke, device)
 
 
-def _cell_value(runs: Mapping[int, Mapping[str, float]], key: str, scale: float) -> str:
-    values = [run[key] for run in runs.values() if key in run]
+def _cell_value(runs: Mapping[int, Mapping[str, float]], key: str, scale: float, digits: int = 2) -> str:
+    """``mean +- std`` of a metric over the seeds (:func:`seeds.spread_cell`); ``-`` when no run has it (``nan``)."""
+    values = [run[key] for run in runs.values() if key in run and not math.isnan(run[key])]
     if not values:
         return "-"
-    return spread_cell(values, scale, 2)
+    return spread_cell(values, scale, digits)
+
+
+def _metrics(kit: Kit) -> list[tuple[str, str, float, int]]:
+    """``(key, title, scale, digits)`` of each metric (digits default to 2)."""
+    return [(*metric, 2) if len(metric) == 3 else tuple(metric) for metric in kit.metrics]
 
 
 def _mode(smoke: bool) -> str:
@@ -468,7 +509,9 @@ def _mode(smoke: bool) -> str:
 
 
 def _write_cell(kit: Kit, cell: Cell, runs, seeds, target: Path, smoke: bool, device: str) -> None:
-    rows = [[title, _cell_value(runs, key, scale), cell.paper.get(key, "-")] for key, title, scale in kit.metrics]
+    rows = [
+        [title, _cell_value(runs, key, scale, d), cell.paper.get(key, "-")] for key, title, scale, d in _metrics(kit)
+    ]
     rows.append(["seconds (this run)", _cell_value(runs, "seconds", 1.0), "-"])
     write_result(
         f"{kit.name}__{slug(cell.key)}",
@@ -484,7 +527,7 @@ def _write_cell(kit: Kit, cell: Cell, runs, seeds, target: Path, smoke: bool, de
 
 
 def table_columns(kit: Kit) -> list[str]:
-    return [*kit.label_columns, *(part for _, title, _ in kit.metrics for part in (title, f"{title} paper"))]
+    return [*kit.label_columns, *(part for _, title, *_ in kit.metrics for part in (title, f"{title} paper"))]
 
 
 def table_rows(kit: Kit, cells: Sequence[Cell], measured) -> list[list[str]]:
@@ -492,8 +535,8 @@ def table_rows(kit: Kit, cells: Sequence[Cell], measured) -> list[list[str]]:
     for cell in cells:
         runs = measured.get(cell.key, {})
         values = []
-        for index, (key, _, scale) in enumerate(kit.metrics):
-            here = ("-" if index else f"not run: {cell.skip}") if cell.skip else _cell_value(runs, key, scale)
+        for index, (key, _, scale, digits) in enumerate(_metrics(kit)):
+            here = ("-" if index else f"not run: {cell.skip}") if cell.skip else _cell_value(runs, key, scale, digits)
             values += [here, cell.paper.get(key, "-")]
         rows.append([*cell.labels, *values])
     return rows

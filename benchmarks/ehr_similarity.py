@@ -49,8 +49,9 @@ from results import add_results_arguments, result_name, write_result
 ABLATIONS = ("w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var")
 MODELS = tuple(BASELINES) + tuple(f"igamt_{a}" for a in ABLATIONS) + ("igamt",)
 MASKS = ("threshold", "bernoulli")
-"""How the synthetic masks are read off the mask head (``--mask``): observed where ``m > 1/2`` (default, the README's
-first table) or drawn with probability ``m`` (``ReleasedSynthesizer.sample``'s default)."""
+"""How the synthetic masks are read off the mask head (``--mask``): observed where ``m > 1/2`` (default, the first
+similarity table of docs/methods/igamt.md) or drawn with probability ``m`` (the default of
+``ReleasedSynthesizer.sample``)."""
 REFERENCE = "real_train"
 """Not a model: 200 real training records (records 200 s .. 200 s + 199 for seed s), the scale of a perfect one."""
 WIRINGS = ("strict", "thesis")

@@ -91,7 +91,7 @@ SPREAD_CALLS = re.compile(r"\.std\(|\bstdev\(|\bpstdev\(|\bddof\b|\bnanstd\(|\.v
 
 def test_the_shared_helper_is_the_only_place_a_benchmark_computes_a_spread():
     """Every printed spread is the sample std of :func:`seeds.mean_std` (a script computing its own printed the
-    population std where the README promised the sample std)."""
+    population std where the docs promised the sample std)."""
     folder = Path(__file__).resolve().parents[1] / "benchmarks"
     offenders = [
         f"{path.name}:{number}"

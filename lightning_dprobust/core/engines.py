@@ -23,7 +23,7 @@ from collections.abc import Collection
 from torch import nn
 
 from lightning_dprobust.core.ghost import GhostClipper
-from lightning_dprobust.core.ghost_plan import plan_rules
+from lightning_dprobust.core.ghost.plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper
 
 ENGINES = ("auto", "vmap", "ghost")

@@ -125,7 +125,7 @@ class PerExampleClipper:
             faster: on a 2-core CPU, timm ``resnet18`` at batch 64 took 23 s unchunked and 3.6 s in chunks of 16.
         clipping: ``"flat"`` (default), ``"psac"`` or ``"automatic"``; see :func:`clip_factors`.
         parameter_names: differentiate only these trainable parameters (default: all); the others are used as
-            constants. The per-layer engine (``core/ghost.py``) uses this for the parameters it has no rule for.
+            constants. The per-layer engine (``core/ghost/``) uses this for the parameters it has no rule for.
 
     Guarantees:
         * Each example's contribution to the returned sum has L2 norm ``<= max_grad_norm``.

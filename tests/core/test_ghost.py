@@ -9,18 +9,18 @@ from torch import nn
 
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper
-from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
-from lightning_dprobust.core.ghost_functional import BroadcastRule
-from lightning_dprobust.core.ghost_layers import (
+from lightning_dprobust.core.ghost.conv import Conv1dRule, Conv2dRule
+from lightning_dprobust.core.ghost.functional import BroadcastRule
+from lightning_dprobust.core.ghost.layers import (
     ChannelScaleRule,
     CompositeRule,
     LayerScaleRule,
     LinearRule,
     MaterializedRule,
 )
-from lightning_dprobust.core.ghost_norms import NormRule
-from lightning_dprobust.core.ghost_plan import plan_rules
-from lightning_dprobust.core.ghost_tokens import CaiTTokenRule, CrossViTTokenRule, TokenRule
+from lightning_dprobust.core.ghost.norms import NormRule
+from lightning_dprobust.core.ghost.plan import plan_rules
+from lightning_dprobust.core.ghost.tokens import CaiTTokenRule, CrossViTTokenRule, TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from lightning_dprobust.methods import DPSGD, DPAdv, DPCert, TransDenoiser
 from lightning_dprobust.robustness.attacks import build_attack
@@ -71,7 +71,7 @@ MODELS = {  # registry name (+ a variant's label) -> input shape, model kwargs
     # two members, each a GroupNorm ResNet8 with its residual blocks hooked (noise off: gamma = 0 by default)
     "residual_perturbation": ((3, 8, 8), {"base_kwargs": {"dp_compatible": True}, "ensemble_size": 2}),
 }
-# timm transformers whose parameters outside layer calls are captured on the graph (core/ghost_functional.py)
+# timm transformers whose parameters outside layer calls are captured on the graph (core/ghost/functional.py)
 GRAPH_CAPTURED = {
     # class token and absolute position embedding, blocks' gamma_1/gamma_2, attention's qkv.weight through F.linear
     "timm/beit_base_patch16_224": (
@@ -308,7 +308,7 @@ def test_a_loss_that_breaks_the_row_layout_is_caught_on_the_first_step():
 
 class Projected(nn.Module):
     """A module owning a projection it applies by a matrix product, and a child with parameters: no layer rule, and
-    no graph capture either (``core/ghost_functional.py`` takes expands, adds and products that broadcast a
+    no graph capture either (``core/ghost/functional.py`` takes expands, adds and products that broadcast a
     parameter, and ``F.linear`` products of a linear layer's weight)."""
 
     def __init__(self):

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_dprobust.core.ghost import EngineMismatch, GhostClipper
-from lightning_dprobust.core.ghost_functional import BroadcastRule
-from lightning_dprobust.core.ghost_layers import CompositeRule
-from lightning_dprobust.core.ghost_plan import plan_rules
+from lightning_dprobust.core.ghost.functional import BroadcastRule
+from lightning_dprobust.core.ghost.layers import CompositeRule
+from lightning_dprobust.core.ghost.plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from tests.core.ghost_checks import counting_checks, without_vmap_checks
 from tests.core.test_ghost_rules import _assert_ghost_equals_vmap
@@ -29,7 +29,7 @@ class Gated(nn.Module):
     """Owns a per-channel gate between two linear layers, its output being the second layer's (one output edge for
     both calls). ``mask`` (``[TOKENS, DIM]``) is shared by all rows, ``shift`` (``[N, TOKENS, DIM]``) is per row;
     ``leak`` also uses the outer layer's weight outside that layer's call. The gate enters through a sigmoid, a use
-    that no graph capture takes (``core/ghost_functional.py``); ``gate="plain"``: a product with the gate itself
+    that no graph capture takes (``core/ghost/functional.py``); ``gate="plain"``: a product with the gate itself
     (captured); ``"both"``: the product with the gate, then with its sigmoid."""
 
     def __init__(self, leak: bool = False, dropout: float = 0.0, gate: str = "sigmoid"):
@@ -160,7 +160,7 @@ def test_a_composite_gives_way_to_graph_captures_of_every_use_of_its_parameters(
 def test_stochastic_or_large_owners_are_not_re_run(monkeypatch):
     """Dropout inside the owner: a re-run cannot replay its draws. An owner holding more than a quarter of the model's
     parameters: a re-run would cost about what the vmap engine does. Neither is re-run; the gate, a product with a
-    branch's output, is captured on the graph instead (``core/ghost_functional.py``), which needs no re-run."""
+    branch's output, is captured on the graph instead (``core/ghost/functional.py``), which needs no re-run."""
     net = Net(Gated(dropout=0.5, gate="plain"))
     monkeypatch.setattr(CompositeRule, "MAX_SHARE", 1.0)
     rule, leftover = rule_of(net, net.block)

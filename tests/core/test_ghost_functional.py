@@ -1,4 +1,4 @@
-"""Parameters used outside any layer and captured on the autograd graph (``core/ghost_functional.py``): tokens expanded
+"""Parameters used outside any layer and captured on the autograd graph (``core/ghost/functional.py``): tokens expanded
 over the rows, position embeddings added, scales multiplied. The ghost engine equals the vmap engine on them, and
 every use the rule does not capture goes to the vmap engine."""
 
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_dprobust.core.ghost import GhostClipper
-from lightning_dprobust.core.ghost_functional import BroadcastRule
-from lightning_dprobust.core.ghost_layers import CompositeRule
-from lightning_dprobust.core.ghost_plan import plan_rules
+from lightning_dprobust.core.ghost.functional import BroadcastRule
+from lightning_dprobust.core.ghost.layers import CompositeRule
+from lightning_dprobust.core.ghost.plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 from tests.core.ghost_checks import without_vmap_checks

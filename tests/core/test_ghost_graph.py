@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_dprobust.core.ghost import GhostClipper
-from lightning_dprobust.core.ghost_graph import sequence_marker
-from lightning_dprobust.core.ghost_plan import plan_rules
+from lightning_dprobust.core.ghost.graph import sequence_marker
+from lightning_dprobust.core.ghost.plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 from tests.core.ghost_checks import without_vmap_checks
@@ -50,7 +50,7 @@ class WeightOutsideCall(DPSGD):
 class FunctionalUse(DPSGD):
     """``fc1.weight`` used through ``F.linear`` without calling ``fc1``, with another bias (twice ``fc1``'s): the
     product's output gradient is not that of ``fc1``'s bias, so the product is not captured as a call of ``fc1``
-    (``core/ghost_functional.py``)."""
+    (``core/ghost/functional.py``)."""
 
     def per_example_loss(self, x, y):
         net = self.model

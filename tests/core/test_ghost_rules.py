@@ -13,12 +13,12 @@ from timm.models.metaformer import MetaFormerBlock, Scale
 from torch import nn
 
 from lightning_dprobust import models
-from lightning_dprobust.core import ghost_conv
 from lightning_dprobust.core.ghost import GhostClipper
-from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
-from lightning_dprobust.core.ghost_embedding import EmbeddingRule
-from lightning_dprobust.core.ghost_functional import BroadcastRule
-from lightning_dprobust.core.ghost_layers import (
+from lightning_dprobust.core.ghost import conv as ghost_conv
+from lightning_dprobust.core.ghost.conv import Conv1dRule, Conv2dRule
+from lightning_dprobust.core.ghost.embedding import EmbeddingRule
+from lightning_dprobust.core.ghost.functional import BroadcastRule
+from lightning_dprobust.core.ghost.layers import (
     ChannelScaleRule,
     LayerScaleRule,
     LinearRule,
@@ -28,8 +28,8 @@ from lightning_dprobust.core.ghost_layers import (
     split_rows,
     squared_norms,
 )
-from lightning_dprobust.core.ghost_norms import NormRule, norm_kind
-from lightning_dprobust.core.ghost_plan import plan_rules
+from lightning_dprobust.core.ghost.norms import NormRule, norm_kind
+from lightning_dprobust.core.ghost.plan import plan_rules
 from lightning_dprobust.core.per_sample import PerExampleClipper, clip_factors, per_example_norms
 from tests.core.ghost_checks import without_vmap_checks
 from tests.core.test_ghost import CAIT_KWARGS, CROSSVIT_KWARGS, GRAPH_CAPTURED, MODELS, SWIN_KWARGS
@@ -87,7 +87,7 @@ def test_closed_form_per_example_gradients_equal_the_generic_rule(name, rows_per
 
 def test_an_in_place_layer_scale_goes_to_the_vmap_engine_and_stays_exact():
     """``inplace=True`` overwrites the input a rule would capture (a re-run of the layer would too): no layer rule
-    takes its scale. The graph capture (``core/ghost_functional.py``) finds no product node there either (the
+    takes its scale. The graph capture (``core/ghost/functional.py``) finds no product node there either (the
     in-place product of a view is a ``CopySlices``), so the scale goes to the vmap engine at the first step, with the
     linear layer whose output it overwrote."""
     torch.manual_seed(0)

@@ -6,11 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dprobust.core.ghost import GhostClipper, _runs_no_layer, streamed_rules
-from lightning_dprobust.core.ghost_graph import reaches
-from lightning_dprobust.core.ghost_layers import MaterializedRule
-from lightning_dprobust.core.ghost_norms import NormRule
-from lightning_dprobust.core.ghost_tokens import TokenRule
+from lightning_dprobust.core.ghost import GhostClipper, streamed_rules
+from lightning_dprobust.core.ghost.clipper import _runs_no_layer
+from lightning_dprobust.core.ghost.graph import reaches
+from lightning_dprobust.core.ghost.layers import MaterializedRule
+from lightning_dprobust.core.ghost.norms import NormRule
+from lightning_dprobust.core.ghost.tokens import TokenRule
 from lightning_dprobust.core.per_sample import PerExampleClipper
 from lightning_dprobust.methods import DPSGD
 from tests.core.ghost_checks import without_vmap_checks

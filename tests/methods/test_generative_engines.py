@@ -86,7 +86,7 @@ def test_a_gradient_penalty_is_never_clipped_with_ghost_norms(monkeypatch):
     loss, names, batch = next(call for call in _private_calls(module, monkeypatch) if call[0] == "critics_loss")
     ghost = GhostClipper(module, loss, module.max_grad_norm, parameter_names=names)
     without_vmap_checks(ghost)
-    monkeypatch.setattr("lightning_dprobust.core.ghost.stray_rules", lambda losses, rules: [])
+    monkeypatch.setattr("lightning_dprobust.core.ghost.clipper.stray_rules", lambda losses, rules: [])
     wrong = ghost(batch)
     expected = PerExampleClipper(module, loss, module.max_grad_norm, parameter_names=names)(batch)
     assert not torch.allclose(wrong.norms, expected.norms, rtol=1e-3)

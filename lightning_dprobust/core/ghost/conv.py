@@ -1,7 +1,7 @@
 """Per-example gradient norms and clipped sums of ``nn.Conv2d`` layers, three ways chosen from the layer's shapes.
 
 A convolution is a linear map ``W`` applied at ``T`` output positions to unfolded input patches (``d`` values each)
-giving ``p`` output channels (``core/ghost_layers.py``: ghost norm costs ``~T^2 (d + p)`` multiply-adds per example,
+giving ``p`` output channels (``core/ghost/layers.py``: ghost norm costs ``~T^2 (d + p)`` multiply-adds per example,
 materializing ``G^T A`` costs ``~T d p``; both unfold the patches). The rule picks, per forward (Bu, Mao, Xu 2022,
 "mixed ghost clipping", arXiv 2205.10683; Bu, Wang, Zha, Karypis, ICML 2023, book-keeping, arXiv 2210.00038):
 
@@ -41,7 +41,7 @@ and ConvNeXt. The CPU product sums are one product per group.
 ``nn.Conv1d`` layers are convolutions over maps of height 1 (:class:`Conv1dRule`), by the same routes.
 
 Requirements (:meth:`Conv2dRule.supports`): zero padding given as numbers, and the layer's own class's forward
-(``ghost_layers.runs_forward_of``).
+(``layers.runs_forward_of``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import (
+from lightning_dprobust.core.ghost.layers import (
     Capture,
     LinearRule,
     UnsupportedCall,
@@ -61,6 +61,7 @@ from lightning_dprobust.core.ghost_layers import (
     memory_order,
     squared_norms,
 )
+from lightning_dprobust.core.ghost.registry import register_rule
 from lightning_dprobust.core.per_sample import tf32_settings
 
 CPU_CHUNK_VALUES = 2**18
@@ -161,6 +162,7 @@ def _cat_examples(parts: list[Tensor]) -> Tensor:
     return torch.cat([part.permute(order) for part in parts]).permute(inverse)
 
 
+@register_rule(nn.Conv2d)
 class Conv2dRule(LinearRule):
     """``nn.Conv2d``: ghost norm, or materialized per-example gradients kept or dropped (module docstring)."""
 
@@ -392,6 +394,7 @@ class _HeightOneConv:
         return self.conv1d.weight.unsqueeze(2)
 
 
+@register_rule(nn.Conv1d)
 class Conv1dRule(Conv2dRule):
     """``nn.Conv1d`` (sequence models; ECA channel attention, Wang et al. 2020, arXiv 1910.03151, in timm's
     ``eca_*`` models): a ``nn.Conv2d`` over maps of height 1, by the same three routes (module docstring). Its inputs

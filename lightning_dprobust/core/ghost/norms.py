@@ -10,7 +10,7 @@ where the positions are the dims ``w`` broadcasts over (GroupNorm and timm's ``L
 channels of each position of ``NCHW`` maps, as in ConvNeXt: the spatial dims; LayerNorm: the leading dims other than
 the batch). ``x_hat`` is recomputed from the captured input by the same normalization without the affine
 map, so one rule costs one normalization forward, one product and two reductions: no ``vmap`` of the layer's forward
-and backward (:class:`~lightning_dprobust.core.ghost_layers.MaterializedRule`, which these rules specialize).
+and backward (:class:`~lightning_dprobust.core.ghost.layers.MaterializedRule`, which these rules specialize).
 
 Only layers whose forward is exactly that formula are covered: ``nn.GroupNorm`` and ``nn.LayerNorm``, timm's
 ``GroupNorm``, ``GroupNorm1`` (PoolFormer's), ``LayerNorm`` and ``LayerNorm2d`` (their plain, not "fast", path)
@@ -27,7 +27,7 @@ from functools import cached_property
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import (
+from lightning_dprobust.core.ghost.layers import (
     Hook,
     MaterializedRule,
     UnsupportedCall,
@@ -35,6 +35,7 @@ from lightning_dprobust.core.ghost_layers import (
     one_tensor_call,
     output_edge,
 )
+from lightning_dprobust.core.ghost.registry import register_rule
 
 
 def _exact_types() -> dict[type, str]:
@@ -53,6 +54,7 @@ def norm_kind(module: nn.Module) -> str | None:
     return kind
 
 
+@register_rule()
 class NormRule(MaterializedRule):
     """GroupNorm / LayerNorm affine parameters: per-example gradients in closed form (see the module docstring)."""
 

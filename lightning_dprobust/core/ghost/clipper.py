@@ -2,7 +2,7 @@
 
 One forward of the per-example losses on the whole batch, one backward that computes only the gradients at the
 layers' outputs (no parameter gradients: the autograd graph is cut at the captured output edges), per-layer
-per-example norms from activations and output gradients (``core/ghost_layers.py``: ghost norm or materialization,
+per-example norms from activations and output gradients (``core/ghost/layers.py``: ghost norm or materialization,
 whichever is cheaper for the layer's shapes), then the clipped sum from the same tensors with the output gradients
 scaled by each example's clip factor. Li et al. 2022 (arXiv 2110.05679, ghost clipping); Bu, Mao, Xu 2022 (arXiv
 2205.10683, mixed ghost clipping); Bu, Wang, Zha, Karypis, ICML 2023 (arXiv 2210.00038, book-keeping).
@@ -30,7 +30,7 @@ Assumptions, checked where possible:
     * every layer sees example ``i``'s rows as consecutive rows ``[i k, (i + 1) k)`` (true of ``x`` and of
       ``views.flatten(0, 1)``); a row count that is not a multiple of the batch size is refused;
     * no layer mixes examples (as for the vmap engine; BatchNorm is refused by ``DPCallback``);
-    * layers handled by :class:`~lightning_dprobust.core.ghost_layers.MaterializedRule` are deterministic.
+    * layers handled by :class:`~lightning_dprobust.core.ghost.layers.MaterializedRule` are deterministic.
     The first call of two examples or more compares this engine's per-example norms, and each rule's share of them,
     with the vmap engine's on a few examples, **in the mode the model trains in** (training mode: a parameter-free
     batch standardization, ``F.batch_norm`` on batch statistics, any layer that mixes examples only while training is
@@ -50,15 +50,15 @@ Assumptions, checked where possible:
     convolution layer applied to a tensor the batch shares, then repeated per example, is captured at the repeat; a
     layer whose calls' rows are not a multiple of the examples otherwise goes to vmap.
 A module owning parameters and sub-layers with parameters (Swin's window attention) is re-run per example for its own
-parameters (:class:`~lightning_dprobust.core.ghost_layers.CompositeRule`), unless the first forward's graph captures
+parameters (:class:`~lightning_dprobust.core.ghost.layers.CompositeRule`), unless the first forward's graph captures
 every use of them; calls nest, and the graph check follows them. A leaf module whose parameters are used but that is
 never called (CoAtNet's and MaxViT's bias tables, read through a method), or a layer called on a table the examples
 share, is handed to such a rule on its nearest ancestor that also holds a layer on the examples' rows. Parameters used
 outside any layer call (tokens, position embeddings, scales, a linear weight used through ``F.linear``) are captured on
-the autograd graph after the forward (``core/ghost_functional.py``). Parameters with neither (tied between modules, a
+the autograd graph after the forward (``core/ghost/functional.py``). Parameters with neither (tied between modules, a
 parametrization's originals, uses no capture takes) are handled by the vmap engine, restricted to those parameters;
 their per-example gradients enter the same norms. At every step, the autograd graph of the losses is checked
-(``core/ghost_graph.py``) for a rule's parameter that gets gradient outside its layer's captured calls (a weight penalty
+(``core/ghost/graph.py``) for a rule's parameter that gets gradient outside its layer's captured calls (a weight penalty
 in the loss, a weight used without calling its layer); such a rule's parameters move to the vmap engine before any norm
 is computed, so the result stays exact.
 """
@@ -72,14 +72,14 @@ from collections.abc import Collection
 import torch
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_functional import (
+from lightning_dprobust.core.ghost.functional import (
     BroadcastRule,
     broadcast_rules,
     capture_on_graph,
     spread_shared_calls,
 )
-from lightning_dprobust.core.ghost_graph import reaches, stray_rules
-from lightning_dprobust.core.ghost_layers import (
+from lightning_dprobust.core.ghost.graph import reaches, stray_rules
+from lightning_dprobust.core.ghost.layers import (
     Capture,
     CompositeRule,
     LayerRule,
@@ -91,7 +91,7 @@ from lightning_dprobust.core.ghost_layers import (
     split_rows,
     squared_norms,
 )
-from lightning_dprobust.core.ghost_plan import is_stochastic, plan_rules
+from lightning_dprobust.core.ghost.plan import is_stochastic, plan_rules
 from lightning_dprobust.core.per_sample import (
     ClippedSum,
     PerExampleClipper,
@@ -331,7 +331,7 @@ class GhostClipper:
     norm is its share's. So do the per-example gradients of the layers that keep them (formed in the backward for
     streamed layers, just after it for the others): each is formed once, and its norm and its share are both taken
     from that one tensor, so rounding cannot part them; a convolution's, batched products, follow cuDNN's TF32
-    setting (``core/ghost_conv.py``), as its weight gradient does in non-private training. The first-step check runs
+    setting (``core/ghost/conv.py``), as its weight gradient does in non-private training. The first-step check runs
     with TF32 off throughout, as the vmap engine it compares with. The vmap engine keeps autocast: its norms and its
     sum come from the same per-example gradients.
     """
@@ -718,7 +718,7 @@ class GhostClipper:
 
     def _spread_shared_calls(self, losses: Tensor, examples: int) -> set[int]:
         """Spread the calls of linear and convolution layers on a tensor the batch shares over the repeat that
-        follows them (``core/ghost_functional.py``); returns the ids of the rules with such a call left unspread.
+        follows them (``core/ghost/functional.py``); returns the ids of the rules with such a call left unspread.
 
         A call is taken as shared when its rows are not a multiple of the examples, or when they number as many as
         a call of the same rule spread at an earlier step (a grid of two rows, spread for a batch of three examples,
@@ -745,7 +745,7 @@ class GhostClipper:
         return {id(shared[id(call)]) for call in calls if id(call) not in spread}
 
     def _capture_on_graph(self, losses: Tensor) -> None:
-        """Capture the uses that no forward hook sees (``core/ghost_functional.py``): the broadcast parameters', the
+        """Capture the uses that no forward hook sees (``core/ghost/functional.py``): the broadcast parameters', the
         ``F.linear`` products of the linear layers found used so at an earlier step, and, on the first forward, the
         uses of the composite rules' parameters (:meth:`_stray_rules` decides which rule keeps them)."""
         candidates = [rule for _, found in self._undecided.values() for rule in found]

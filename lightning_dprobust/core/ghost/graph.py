@@ -1,6 +1,6 @@
 """Which layer rules' parameters receive gradient outside the layer calls the ghost engine captured.
 
-The ghost engine (``core/ghost.py``) derives a parameter's per-example gradient from the captured calls of its layer
+The ghost engine (``clipper.py``) derives a parameter's per-example gradient from the captured calls of its layer
 only: the layer's inputs and the gradients at its outputs. A loss term that uses the parameter elsewhere (a weight
 penalty ``lam * w.pow(2).sum()`` inside the per-example loss, ``F.linear(x, layer.weight)`` without calling the
 layer, a parameter shared by two layers) adds gradient that no rule sees, so the engine's norms and clipped sum would
@@ -55,9 +55,9 @@ def inside_call(node: object, call: object) -> bool:
 def stray_rules(losses: Tensor, rules: Sequence) -> list:
     """The rules of ``rules`` one of whose parameters gets gradient from ``losses`` outside the rule's own calls.
 
-    ``rules`` are :class:`~lightning_dprobust.core.ghost_layers.LayerRule` objects whose ``calls`` were captured in
+    ``rules`` are :class:`~lightning_dprobust.core.ghost.layers.LayerRule` objects whose ``calls`` were captured in
     the forward that computed ``losses`` (each call with its output ``edge`` and ``start`` marker). Calls nest (a
-    :class:`~lightning_dprobust.core.ghost_layers.CompositeRule`'s module calls layers with rules of their own): a
+    :class:`~lightning_dprobust.core.ghost.layers.CompositeRule`'s module calls layers with rules of their own): a
     path keeps the chain of calls it is inside, and a parameter is reached legitimately from inside any call of its
     rule in that chain.
     """

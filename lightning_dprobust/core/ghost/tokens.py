@@ -4,16 +4,19 @@ position embeddings, which timm adds to the patch embeddings outside any layer.
 The tokens are concatenated in front of the patch embeddings and the position embedding is added (before or after
 the concatenation); both are linear in the parameters, so each example's gradient is a slice of the gradient at the
 result, summed over the example's rows. That tensor is what timm passes to ``pos_drop``: it is captured at
-``pos_drop``'s input, and a call starts after ``patch_embed`` (the sequence marker of ``core/ghost_graph.py``).
+``pos_drop``'s input, and a call starts after ``patch_embed`` (the sequence marker of ``core/ghost/graph.py``).
 Only timm's own token code is covered (its methods are checked by identity); subclasses that override it keep the
 vmap engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import Capture, Hook, MaterializedRule, group_rows, output_edge
+from lightning_dprobust.core.ghost.layers import Capture, Hook, MaterializedRule, group_rows, output_edge
+from lightning_dprobust.core.ghost.registry import register_rule
 
 TOKEN_NAMES = {"cls_token", "reg_token", "dist_token", "pos_embed"}
 """The parameter names :class:`TokenRule` may cover."""
@@ -33,10 +36,15 @@ class _TokensAtPosDrop(MaterializedRule):
         return [*starts, Hook(self.module.pos_drop, True, capture)]
 
 
+@register_rule()
 class TokenRule(_TokensAtPosDrop):
     """timm ``VisionTransformer``'s ``cls_token``, ``reg_token`` and ``pos_embed`` (Dosovitskiy et al. 2021,
     arXiv 2010.11929), and DeiT's ``VisionTransformerDistilled`` with its ``dist_token`` (Touvron et al. 2021,
     arXiv 2012.12877)."""
+
+    @classmethod
+    def applies(cls, module: nn.Module, names: Collection[str]) -> bool:
+        return set(names) <= TOKEN_NAMES and cls.supports(module)
 
     @staticmethod
     def supports(vit: nn.Module) -> bool:
@@ -74,6 +82,7 @@ def _prefix_order(vit: nn.Module) -> tuple[str, ...] | None:
     return None
 
 
+@register_rule()
 class CrossViTTokenRule(_TokensAtPosDrop):
     """timm ``CrossVit``'s ``cls_token_0``, ``cls_token_1``, ``pos_embed_0`` and ``pos_embed_1`` (Chen, Fan, Panda
     2021, "CrossViT", arXiv 2103.14899): two branches of patch sizes, each with its class token (concatenated first)
@@ -82,6 +91,10 @@ class CrossViTTokenRule(_TokensAtPosDrop):
     covered."""
 
     NAMES = frozenset({"cls_token_0", "cls_token_1", "pos_embed_0", "pos_embed_1"})
+
+    @classmethod
+    def applies(cls, module: nn.Module, names: Collection[str]) -> bool:
+        return set(names) <= cls.NAMES and cls.supports(module)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -106,6 +119,7 @@ class CrossViTTokenRule(_TokensAtPosDrop):
         return {k: v.unsqueeze(1) for k, v in slices.items() if k in self.names}
 
 
+@register_rule()
 class CaiTTokenRule(MaterializedRule):
     """timm ``Cait``'s ``pos_embed`` and ``cls_token`` (Touvron et al. 2021, "Going deeper with image transformers",
     arXiv 2103.17239). The position embedding is added to the patch embeddings (captured at ``pos_drop``'s input,
@@ -114,6 +128,10 @@ class CaiTTokenRule(MaterializedRule):
     of the gradient at the captured tensor."""
 
     NAMES = frozenset({"cls_token", "pos_embed"})
+
+    @classmethod
+    def applies(cls, module: nn.Module, names: Collection[str]) -> bool:
+        return set(names) <= cls.NAMES and cls.supports(module)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:

@@ -10,7 +10,7 @@ table (book-keeping, Bu et al. 2023, arXiv 2210.00038: no second backward).
 :class:`EmbeddingRule` forms those rows directly: every position of every example is keyed ``example * vocabulary +
 token``, one sort (``torch.unique``) groups equal keys and one ``index_add_`` sums their output gradients. Time and
 memory are those of the output gradients (``N T dim`` values) whatever the vocabulary, where the generic rule
-(:class:`~lightning_dprobust.core.ghost_layers.MaterializedRule`) formed ``B x vocabulary x dim`` values. No
+(:class:`~lightning_dprobust.core.ghost.layers.MaterializedRule`) formed ``B x vocabulary x dim`` values. No
 cross-example term: two examples' keys differ even where their tokens are equal.
 
 Covered: ``nn.Embedding`` without ``max_norm`` (which renormalizes looked-up rows of the table in place during the
@@ -25,9 +25,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_dprobust.core.ghost_layers import LayerRule, group_rows, squared_norms
+from lightning_dprobust.core.ghost.layers import LayerRule, group_rows, squared_norms
+from lightning_dprobust.core.ghost.registry import register_rule
 
 
+@register_rule(nn.Embedding)
 class EmbeddingRule(LayerRule):
     """``nn.Embedding`` on token ids ``[N, ...]``: per-(example, token) row sums, their norms and clipped sum."""
 

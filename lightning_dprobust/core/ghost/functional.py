@@ -17,7 +17,7 @@ captured.
 **Linear weights used by** ``F.linear`` **without calling their layer** (BEiT's and EVA's attention, which add a bias
 of their own to ``qkv.weight``'s product): the product node (``addmm`` or ``mm`` of the input rows and ``weight.t()``,
 with the layer's own bias or, when the layer has none to clip, any) is captured as a call of the layer's
-:class:`~lightning_dprobust.core.ghost_layers.LinearRule`, with the input rows autograd saved for it; the rule
+:class:`~lightning_dprobust.core.ghost.layers.LinearRule`, with the input rows autograd saved for it; the rule
 then treats it as any call of the layer. :func:`capture_on_graph` makes both kinds of capture in one graph walk.
 
 **Layers applied to a tensor the batch shares, then repeated per example** (XCiT's Fourier position encoding: a
@@ -28,12 +28,12 @@ the only node that takes the layer's output.
 
 Any other use (a slice or a resampled copy of an embedding, an add with ``alpha``, the parameter twice in one node,
 a product with a scaled copy of the weight, a penalty in the loss) is not captured, so the graph check
-(``core/ghost_graph.py``) finds the parameter reached outside its rule's calls and moves it to the vmap engine: a
+(``core/ghost/graph.py``) finds the parameter reached outside its rule's calls and moves it to the vmap engine: a
 capture is exact where it is made at all. Rows are assumed to be examples' (consecutive), as for every rule; the
 first-step check compares each rule's norms with the vmap engine's and sends a capture that fails (a parameter
 broadcast over tokens instead of examples, a product of token-major rows) to the vmap engine. Relies on private
 autograd attributes: a node's ``_input_metadata`` (the shape of the gradient it receives), its ``_saved_*`` tensors
-and scalars, and (``ghost_graph``) ``_sequence_nr``; where torch lacks one, nothing is captured and the vmap engine
+and scalars, and (``graph``) ``_sequence_nr``; where torch lacks one, nothing is captured and the vmap engine
 takes over.
 """
 
@@ -48,8 +48,8 @@ from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge
 from torch.nn.utils.parametrize import ParametrizationList
 
-from lightning_dprobust.core.ghost_graph import inside_call
-from lightning_dprobust.core.ghost_layers import Capture, Hook, LinearRule, MaterializedRule, group_rows
+from lightning_dprobust.core.ghost.graph import inside_call
+from lightning_dprobust.core.ghost.layers import Capture, Hook, LinearRule, MaterializedRule, group_rows
 
 
 @dataclass

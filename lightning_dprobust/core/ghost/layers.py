@@ -17,7 +17,7 @@ Augmentation groups: a layer sees ``N = B k`` rows, example ``i`` owning the ``k
 its rows, which equals one example with ``k T`` positions, so the rules reshape ``[N, T, .]`` to ``[B, k T, .]``.
 Several calls of one layer in a forward (weight sharing) are concatenated along positions the same way.
 
-Convolutions (``core/ghost_conv.py``) and GroupNorm / LayerNorm (``core/ghost_norms.py``) specialize these rules.
+Convolutions (``core/ghost/conv.py``) and GroupNorm / LayerNorm (``core/ghost/norms.py``) specialize these rules.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from torch.autograd.graph import get_gradient_edge
 from torch.func import vjp, vmap
 from torch.nn.parameter import is_lazy
 
-from lightning_dprobust.core.ghost_graph import sequence_marker
+from lightning_dprobust.core.ghost.graph import sequence_marker
+from lightning_dprobust.core.ghost.registry import register_rule
 from lightning_dprobust.core.per_sample import stateless_call
 
 
@@ -59,7 +60,7 @@ class Capture:
 
     ``shape`` is the shape the rule reads the output gradient in: the output's, or a view of it (a ``nn.Conv1d``'s
     as maps of height 1). ``start`` is an autograd sequence number taken just before the call
-    (``core/ghost_graph.py``): the nodes the call created are those numbered in ``(start, edge.node's number]``. A
+    (``core/ghost/graph.py``): the nodes the call created are those numbered in ``(start, edge.node's number]``. A
     streamed call (:meth:`LayerRule.stream`) drops its input once its per-example gradients are formed and never
     holds its output gradient.
     """
@@ -193,6 +194,23 @@ class LayerRule:
     _cache = None
     """What a rule keeps from :meth:`sq_norms` to :meth:`clipped_sum` (rules that keep no per-example gradients)."""
 
+    @classmethod
+    def applies(cls, module: nn.Module, names: Collection[str]) -> bool:
+        """Whether this rule covers ``module``'s trainable parameters ``names`` (local names), which the registry
+        (``core/ghost/registry.py``) asks of a registered rule. By default: the layer's own ``weight`` / ``bias``
+        (not, e.g., the ``weight_g`` and ``weight_v`` of ``nn.utils.weight_norm``, whose hook forms the weight), on
+        a module :meth:`supports`."""
+        return set(names) <= {"weight", "bias"} and cls.supports(module)
+
+    @staticmethod
+    def supports(module: nn.Module) -> bool:
+        return True
+
+    @staticmethod
+    def refuses(module: nn.Module) -> bool:
+        """Whether no rule may take ``module`` (the vmap engine runs it), though this rule does not apply to it."""
+        return False
+
     def tensors(self) -> dict[str, Tensor]:
         """Local parameter name -> parameter, for the trainable parameters this rule covers (a local name may lead
         into a sub-module: a composite rule re-run for an uncalled sub-module's parameters)."""
@@ -213,7 +231,7 @@ class LayerRule:
         return [Hook(self.module, True, self.start_call, first=False), Hook(self.module, False, self._capture_call)]
 
     def start_call(self, *_) -> None:
-        """Mark where a call starts: the nodes it creates are numbered after this (``core/ghost_graph.py``)."""
+        """Mark where a call starts: the nodes it creates are numbered after this (``core/ghost/graph.py``)."""
         self.start = sequence_marker()
 
     def capture(self, tensor: Tensor, edge: tuple[object, torch.Size], **details: object) -> None:
@@ -283,6 +301,7 @@ class LayerRule:
         raise NotImplementedError
 
 
+@register_rule(nn.Linear)
 class LinearRule(LayerRule):
     """``nn.Linear`` on inputs ``[N, ..., d]``: mixed ghost / materialized norm, book-keeping clipped sum."""
 
@@ -515,6 +534,7 @@ def _scale_types() -> dict[type, str]:
     return {LayerScale: "gamma", LayerScale2d: "gamma", Scale: "scale"}
 
 
+@register_rule()
 class ChannelScaleRule(MaterializedRule):
     """timm's per-channel scale modules, ``x * gamma``: ``LayerScale`` (channels last, as in ViT blocks with
     ``init_values``; Touvron et al. 2021, CaiT, arXiv 2103.17239), ``LayerScale2d`` (``NCHW``) and MetaFormer's
@@ -522,6 +542,10 @@ class ChannelScaleRule(MaterializedRule):
     each example's gradient is the sum over positions of ``g * x``: no ``vmap`` of the module.
 
     Exact types only, and not their ``inplace=True`` form (:meth:`in_place`)."""
+
+    @classmethod
+    def applies(cls, module: nn.Module, names: Collection[str]) -> bool:
+        return cls.supports(module)
 
     @staticmethod
     def supports(module: nn.Module) -> bool:
@@ -532,6 +556,8 @@ class ChannelScaleRule(MaterializedRule):
         """Whether ``module`` is one of these scales multiplying its input in place: the input the rules capture is
         overwritten, so no rule can read it (the vmap engine runs such a layer)."""
         return type(module) in _scale_types() and getattr(module, "inplace", False)
+
+    refuses = in_place
 
     @cached_property
     def channels_first(self) -> bool:
@@ -588,6 +614,7 @@ def _block_scales() -> dict[type, tuple[bool, dict[str, Branch]]]:
     }
 
 
+@register_rule()
 class LayerScaleRule(MaterializedRule):
     """Per-channel scales that timm blocks own and apply to a sub-layer's output before the residual add: ConvNeXt's
     ``gamma`` (Liu et al. 2022, arXiv 2201.03545), CaiT's ``gamma_1`` and ``gamma_2`` in its layer-scale and
@@ -600,6 +627,10 @@ class LayerScaleRule(MaterializedRule):
     captured at other points. A block's branches run in order, each product passed on before the next branch runs,
     so each capture of a product pairs with the oldest branch output not yet paired.
     """
+
+    @classmethod
+    def applies(cls, module: nn.Module, names: Collection[str]) -> bool:
+        return cls.supports(module, names)
 
     @staticmethod
     def supports(block: nn.Module, names: Collection[str]) -> bool:

@@ -1,11 +1,12 @@
-"""Which per-layer rule covers each trainable parameter of a model for the ghost engine (``core/ghost.py``).
+"""Which per-layer rule covers each trainable parameter of a model for the ghost engine (``core/ghost/clipper.py``).
 
-:func:`plan_rules` walks the model's modules once and gives each module owning trainable parameters the first rule
-that applies to it: the closed forms of ``core/ghost_layers.py``, ``core/ghost_conv.py``, ``core/ghost_embedding.py``,
-``core/ghost_norms.py`` and ``core/ghost_tokens.py``, then a re-run of a deterministic leaf module
-(:class:`~lightning_dprobust.core.ghost_layers.MaterializedRule`) or of a small module that calls sub-layers of its
-own (:class:`~lightning_dprobust.core.ghost_layers.CompositeRule`), then captures on the autograd graph
-(``core/ghost_functional.py``). Parameters no rule covers (tied between modules, a parametrization's originals, a
+:func:`plan_rules` walks the model's modules once and gives each module owning trainable parameters the rule that
+applies to it: first a registered rule (``core/ghost/registry.py``: the closed forms of ``core/ghost/layers.py``,
+``conv.py``, ``embedding.py``, ``norms.py`` and ``tokens.py``, each registered per layer type or testing modules
+itself), then a re-run of a deterministic leaf module
+(:class:`~lightning_dprobust.core.ghost.layers.MaterializedRule`) or of a small module that calls sub-layers of its
+own (:class:`~lightning_dprobust.core.ghost.layers.CompositeRule`), then captures on the autograd graph
+(``core/ghost/functional.py``). Parameters no rule covers (tied between modules, a parametrization's originals, a
 module that draws dropout) are left to the vmap engine. The engine plans again whenever the trainable parameters
 change.
 """
@@ -17,21 +18,17 @@ from collections.abc import Collection
 from torch import nn
 from torch.nn.utils.parametrize import ParametrizationList
 
-from lightning_dprobust.core.ghost_conv import Conv1dRule, Conv2dRule
-from lightning_dprobust.core.ghost_embedding import EmbeddingRule
-from lightning_dprobust.core.ghost_functional import broadcast_rules
-from lightning_dprobust.core.ghost_layers import (
-    ChannelScaleRule,
+# the rule modules register their rules (registry.register_rule) when imported
+from lightning_dprobust.core.ghost import conv, embedding, norms, tokens  # noqa: F401
+from lightning_dprobust.core.ghost.functional import broadcast_rules
+from lightning_dprobust.core.ghost.layers import (
     CompositeRule,
     LayerRule,
-    LayerScaleRule,
-    LinearRule,
     MaterializedRule,
     parameter_count,
     runs_forward_of,
 )
-from lightning_dprobust.core.ghost_norms import NormRule
-from lightning_dprobust.core.ghost_tokens import TOKEN_NAMES, CaiTTokenRule, CrossViTTokenRule, TokenRule
+from lightning_dprobust.core.ghost.registry import LAYER_RULES, MODULE_RULES
 
 
 def is_stochastic(module: nn.Module) -> bool:
@@ -41,39 +38,27 @@ def is_stochastic(module: nn.Module) -> bool:
     )
 
 
+def registered_rule(module: nn.Module, names: Collection[str]) -> type[LayerRule] | None:
+    """The registered rule that applies to ``module``'s trainable parameters ``names`` (local names): the rule of the
+    layer type whose map the module computes, else the first rule that tests modules itself and takes it."""
+    for layer, rule in LAYER_RULES.items():
+        if runs_forward_of(module, layer) and rule.applies(module, names):
+            return rule
+    return next((rule for rule in MODULE_RULES if rule.applies(module, names)), None)
+
+
 def _rule_for(module: nn.Module, names: dict[str, str], total_parameters: int) -> LayerRule | None:
     """The rule for a module's own trainable parameters (``local -> full name``), or ``None`` (vmap fallback);
     ``total_parameters`` is the model's count, which bounds the modules a :class:`CompositeRule` re-runs.
 
-    The closed-form rules need the layer's own ``weight`` / ``bias`` (not, e.g., the ``weight_g`` and ``weight_v`` of
-    ``nn.utils.weight_norm``, whose hook forms the weight). A parametrization's originals
-    (``nn.utils.parametrize``: ``parametrizations.weight_norm``, ``spectral_norm``) go to the vmap engine: their
-    module is called with no input when its layer reads the weight."""
-    affine = set(names) <= {"weight", "bias"}
-    if affine and runs_forward_of(module, nn.Linear):
-        return LinearRule(module, names)
-    if affine and runs_forward_of(module, nn.Conv2d) and Conv2dRule.supports(module):
-        return Conv2dRule(module, names)
-    if affine and runs_forward_of(module, nn.Conv1d) and Conv1dRule.supports(module):
-        return Conv1dRule(module, names)
-    if affine and runs_forward_of(module, nn.Embedding) and EmbeddingRule.supports(module):
-        return EmbeddingRule(module, names)
-    if LayerScaleRule.supports(module, names):
-        return LayerScaleRule(module, names)
-    if ChannelScaleRule.supports(module):
-        return ChannelScaleRule(module, names)
-    if ChannelScaleRule.in_place(module):
+    A registered rule refusing the module (an in-place scale), a parametrization's originals
+    (``nn.utils.parametrize``: ``parametrizations.weight_norm``, ``spectral_norm``: their module is called with no
+    input when its layer reads the weight) and a module that draws dropout go to the vmap engine."""
+    rule = registered_rule(module, names)
+    if rule is not None:
+        return rule(module, names)
+    if any(rule.refuses(module) for rule in (*LAYER_RULES.values(), *MODULE_RULES)):
         return None
-    if set(names) <= TOKEN_NAMES and TokenRule.supports(module):
-        return TokenRule(module, names)
-    if set(names) <= {"cls_token_0", "cls_token_1", "pos_embed_0", "pos_embed_1"} and CrossViTTokenRule.supports(
-        module
-    ):
-        return CrossViTTokenRule(module, names)
-    if set(names) <= CaiTTokenRule.NAMES and CaiTTokenRule.supports(module):
-        return CaiTTokenRule(module, names)
-    if affine and NormRule.supports(module):
-        return NormRule(module, names)
     if isinstance(module, ParametrizationList):
         return None
     if is_stochastic(module):

@@ -107,9 +107,43 @@ def test_no_module_level_import_cycle():
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
+def subpackage_graph(trees: dict[str, ast.AST]) -> dict[str, set[str]]:
+    """Imports between modules of one unit (a folder, nested folders included), those inside functions too; a module
+    importing its own package counts (the package's ``__init__`` imports it back)."""
+    return {
+        name: {
+            target
+            for target in imported_modules(tree, top_level_only=False)
+            if target != name and target in MODULES and unit(target) == unit(name)
+        }
+        for name, tree in trees.items()
+        if unit(name) is not None
+    }
+
+
+def test_no_import_cycle_inside_a_subpackage():
+    """A lazy import is no excuse for a circle: inside a folder, the modules' imports (at any depth) form no cycle."""
+    cycle = find_cycle(subpackage_graph(TREES))
+    assert cycle is None, f"import cycle inside a subpackage: {' -> '.join(cycle)}: move shared code into one module"
+
+
 def test_the_checks_catch_an_upward_import_and_a_cycle():
     tree = ast.parse("def f():\n    from lightning_dprobust.cli import main\n")
     assert {unit(name) for name in imported_modules(tree, top_level_only=False)} == {"cli"}
     assert not imported_modules(tree, top_level_only=True)
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+    lazy_base = ast.parse("def f():\n    from lightning_dprobust.methods.base import C\n")
+    lazy = {  # methods.registry once imported methods.base inside a function, and base imported registry
+        "lightning_dprobust.methods.base": ast.parse("from lightning_dprobust.methods.registry import qualified_name"),
+        "lightning_dprobust.methods.registry": lazy_base,
+        "lightning_dprobust.core.accounting": lazy_base,  # another folder's import is not inside the subpackage
+    }
+    assert find_cycle(subpackage_graph(lazy)) == [
+        "lightning_dprobust.methods.base",
+        "lightning_dprobust.methods.registry",
+        "lightning_dprobust.methods.base",
+    ]
+    to_own_package = {"lightning_dprobust.methods": ast.parse("from lightning_dprobust.methods.registry import f")}
+    to_own_package["lightning_dprobust.methods.registry"] = ast.parse("def f():\n    import lightning_dprobust.methods")
+    assert find_cycle(subpackage_graph(to_own_package)) is not None

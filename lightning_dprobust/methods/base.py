@@ -14,7 +14,7 @@ method cannot accidentally mix examples.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import lightning as L
 import torch
@@ -24,7 +24,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dprobust.checkpoint_io import check_state_dict_fits
 from lightning_dprobust.data.validation import check_batch
-from lightning_dprobust.methods.registry import qualified_name, register_project_method
+from lightning_dprobust.methods.registry import add_method, qualified_name, register_project_method
 from lightning_dprobust.models import create_model
 
 TrainInputs = tuple[Tensor, ...]
@@ -171,3 +171,21 @@ class ClassifierModule(L.LightningModule):
 
 
 register_project_method(ClassifierModule)
+
+MethodType = TypeVar("MethodType", bound=type)
+
+
+def register_method(cls: MethodType) -> MethodType:
+    """Allow checkpoints that name ``cls`` to be loaded (:mod:`lightning_dprobust.methods.registry`); usable as a
+    class decorator. Returns ``cls``.
+
+    Guarantees: after the call, :func:`~lightning_dprobust.methods.registry.method_class` resolves
+    ``qualified_name(cls)`` to ``cls``, and nothing else changes; registering the same class twice is a no-op.
+
+    Raises:
+        TypeError: ``cls`` is not a ``ClassifierModule`` subclass.
+        ValueError: another class is already registered under the same ``"module:QualName"``.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, ClassifierModule)):
+        raise TypeError(f"register_method takes a ClassifierModule subclass, got {cls!r}")
+    return add_method(cls)

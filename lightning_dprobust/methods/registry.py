@@ -4,7 +4,10 @@ A checkpoint written by a method records its class as ``"module:QualName"`` (``d
 that name up here; a name that is not registered is refused before anything is imported or instantiated, so a
 checkpoint naming ``"os:system"`` or ``"this:DPSGD"`` runs no module code. Every
 :class:`~lightning_dprobust.methods.base.ClassifierModule` subclass defined inside ``lightning_dprobust`` registers
-itself; a user's own method registers with :func:`register_method`.
+itself; a user's own method registers with :func:`~lightning_dprobust.methods.base.register_method`.
+
+This module imports nothing of the package: importing it runs ``lightning_dprobust/methods/__init__.py`` first, which
+defines, and so registers, every project method before :func:`method_class` can be called.
 
 Example:
     >>> from lightning_dprobust.methods import DPSGD
@@ -27,20 +30,13 @@ def qualified_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def register_method(cls: MethodType) -> MethodType:
-    """Allow checkpoints that name ``cls`` to be loaded; usable as a class decorator. Returns ``cls``.
-
-    Guarantees: after the call, :func:`method_class` resolves ``qualified_name(cls)`` to ``cls``, and nothing else
-    changes; registering the same class twice is a no-op.
+def add_method(cls: MethodType) -> MethodType:
+    """Files ``cls`` under :func:`qualified_name` (:func:`~lightning_dprobust.methods.base.register_method` checks
+    that it is a method first). Returns ``cls``; filing the same class twice is a no-op.
 
     Raises:
-        TypeError: ``cls`` is not a ``ClassifierModule`` subclass.
         ValueError: another class is already registered under the same ``"module:QualName"``.
     """
-    from lightning_dprobust.methods.base import ClassifierModule
-
-    if not (isinstance(cls, type) and issubclass(cls, ClassifierModule)):
-        raise TypeError(f"register_method takes a ClassifierModule subclass, got {cls!r}")
     name = qualified_name(cls)
     if _REGISTRY.get(name, cls) is not cls:
         raise ValueError(f"another class is already registered as {name!r}: give your method a distinct name")
@@ -56,7 +52,6 @@ def register_project_method(cls: type) -> None:
 
 def registered_methods() -> tuple[str, ...]:
     """The registered ``"module:QualName"`` names, sorted."""
-    _import_project_methods()
     return tuple(sorted(_REGISTRY))
 
 
@@ -67,7 +62,6 @@ def method_class(name: object, source: str = "the checkpoint") -> type:
         ValueError: ``name`` is not a string or is not registered; the message lists the registered names and
             says how to register a class of one's own.
     """
-    _import_project_methods()
     cls = _REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(
@@ -78,8 +72,4 @@ def method_class(name: object, source: str = "the checkpoint") -> type:
     return cls
 
 
-def _import_project_methods() -> None:
-    import lightning_dprobust.methods  # noqa: F401  (defining the project's methods registers them)
-
-
-__all__ = ["method_class", "qualified_name", "register_method", "registered_methods"]
+__all__ = ["add_method", "method_class", "qualified_name", "registered_methods"]

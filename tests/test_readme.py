@@ -95,3 +95,23 @@ def test_readme_links_resolve() -> None:
     assert local, "the README links into docs/"
     missing = [link for link in local if not (ROOT / link).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_readme_quickstart_builds_the_model_the_cli_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python quickstart's model is the one ``dprobust fit --config configs/dpsgd/digits.yaml`` trains: the same
+    layers, starting with the same normalization layer (which the CLI links in from the data module)."""
+    from lightning_dprobust.recipes import CONFIG_DIR, build_recipe, quiet_overrides
+
+    quickstart = next(block for block in BLOCKS if block.language == "python" and "DPSGD(" in block.code)
+    setup = quickstart.code.split("\ntrainer =", 1)[0]  # imports, data, module, callback: everything before training
+    namespace: dict = {}
+    monkeypatch.chdir(tmp_path)
+    exec(compile(setup, str(README), "exec"), namespace)
+    ours = namespace["module"].model
+    cli = build_recipe(CONFIG_DIR / "dpsgd" / "digits.yaml", quiet_overrides(tmp_path))
+    assert str(ours) == str(cli.model.model)
+    statistics = {name: value for name, value in ours.state_dict().items() if name.endswith(("mean", "std"))}
+    expected = {name: value for name, value in cli.model.model.state_dict().items() if name.endswith(("mean", "std"))}
+    assert statistics and statistics.keys() == expected.keys()
+    for name, value in statistics.items():
+        assert value.tolist() == expected[name].tolist(), name

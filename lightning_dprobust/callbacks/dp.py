@@ -336,7 +336,9 @@ class DPCallback(Callback, DeltaAndAccountant):
             )
 
     def _add_noise(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
-        """``(sum + N(0, (sigma C)^2)) * scale`` per parameter, in place; the noise is drawn on rank 0 only."""
+        """The release (:func:`~lightning_dprobust.core.per_sample.add_noise_and_scale_`) of the clipped sum, in
+        place: ``(sum + N(0, (sigma C)^2)) * scale``; the noise is drawn on rank 0 only (the other ranks' sums are
+        all-reduced into it)."""
         std = self.noise_multiplier * self.max_grad_norm if self._rank == 0 else 0.0
         device = next(iter(grads.values())).device
         generator = self.randomness.noise_generator(self.ledger.steps + self._zero_noise_steps, device)

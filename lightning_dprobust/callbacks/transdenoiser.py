@@ -26,7 +26,7 @@ from lightning_dprobust.core.accounting import (
     epsilon_for,
     rdp_to_epsilon,
 )
-from lightning_dprobust.core.per_sample import _LossModule, clip_factors, stateless_call
+from lightning_dprobust.core.per_sample import _LossModule, add_noise_and_scale_, clip_factors, stateless_call
 from lightning_dprobust.core.transdenoiser_math import (
     input_jacobians,
     rank_allows,
@@ -57,7 +57,8 @@ class TransDenoiserCallback(DPCallback):
     need per-example losses, which the ghost engine does not compute), the setup checks, the secret randomness the
     noise is drawn from, the check that the optimizer applies exactly the private gradient, the final epsilon line,
     and the ledger. ``T``, the planned number of steps of the top-up rule, is the smaller of the trainer's length and
-    the number of steps ``target_epsilon`` allows at ``xi_up``.
+    the number of steps ``target_epsilon`` allows at ``xi_up``. The release is ``DPCallback``'s too
+    (:func:`~lightning_dprobust.core.per_sample.add_noise_and_scale_`), slice by slice (:func:`release_slices_`).
 
     At each step, for each parameter slice ``s`` (first / middle / last, App. .13) the noise std on the clipped sum
     is ``sigma_bar_s * max_grad_norm``:
@@ -239,9 +240,8 @@ class TransDenoiserCallback(DPCallback):
         self.last_multipliers = multipliers
         generator = self.randomness.noise_generator(self.ledger.steps, inputs[0].device)
         stds = {key: multipliers[key] * self.max_grad_norm if self._rank == 0 else 0.0 for key in self._slices}
-        noisy = add_slice_noise(clipped.grads, self._slices, stds, generator)
         scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
-        private = {name: grad * scale for name, grad in noisy.items()}
+        private = release_slices_(clipped.grads, self._slices, stds, scale, generator)
         self.guard.record(private)
         self._account(min(multipliers.values()))
         params = self._clipper.trainable_parameters()
@@ -411,17 +411,23 @@ class TransDenoiserCallback(DPCallback):
         self._history_rdp = None
 
 
-def add_slice_noise(
-    grads: dict[str, Tensor], slices: dict[str, list[str]], stds: dict[str, float], generator: torch.Generator
+def release_slices_(
+    clipped_sum: dict[str, Tensor],
+    slices: dict[str, list[str]],
+    stds: dict[str, float],
+    scale: float,
+    generator: torch.Generator,
 ) -> dict[str, Tensor]:
-    """``grads`` plus independent ``N(0, stds[slice]^2)`` noise on every coordinate of each slice's parameters."""
-    noisy = {}
+    """The release (:func:`~lightning_dprobust.core.per_sample.add_noise_and_scale_`) of each slice's part of
+    ``clipped_sum`` with noise std ``stds[slice]``, in place; returns ``clipped_sum``.
+
+    One generator serves the slices in turn, so every coordinate gets its own draw. Guarantee: the whole clipped sum
+    moves by at most ``C`` per example, so with ``stds[slice] = sigma_bar_slice C`` the release is at least as private
+    as the Gaussian mechanism at the smallest ``sigma_bar`` (what ``TransDenoiserCallback`` records).
+    """
     for key, names in slices.items():
-        for name in names:
-            grad = grads[name]
-            draw = torch.randn(grad.shape, generator=generator, device=grad.device, dtype=grad.dtype)
-            noisy[name] = grad + stds[key] * draw
-    return noisy
+        add_noise_and_scale_({name: clipped_sum[name] for name in names}, stds[key], scale, generator)
+    return clipped_sum
 
 
 def _all_reduce(tensor: Tensor, op: Any) -> Tensor:
@@ -430,4 +436,4 @@ def _all_reduce(tensor: Tensor, op: Any) -> Tensor:
     return tensor
 
 
-__all__ = ["MODES", "NOMINAL_SOURCE", "TransDenoiserCallback", "VanishingNoiseError", "add_slice_noise"]
+__all__ = ["MODES", "NOMINAL_SOURCE", "TransDenoiserCallback", "VanishingNoiseError", "release_slices_"]

@@ -286,7 +286,23 @@ def gaussian_noise_like(
 def add_noise_and_scale_(
     grads: Mapping[str, Tensor], std: float, scale: float, generator: torch.Generator | None = None
 ) -> Mapping[str, Tensor]:
-    """In place, ``g <- (g + N(0, std^2 I)) * scale`` for every gradient; returns ``grads``.
+    """The private release of a clipped gradient sum, in place: ``g <- (g + N(0, std^2 I)) * scale`` for every
+    gradient of ``grads``, with ``std = sigma C`` (noise multiplier ``sigma``, clipping bound ``C``); returns ``grads``.
+
+    Every DP-SGD release of the library goes through this function: ``DPCallback``'s step, ``TransDenoiserCallback``'s
+    step (once per parameter slice, each at its own ``sigma``) and each private component's update of
+    ``GenerativeDPModule`` (IGAMT, the EHR baselines), so a fix to the release lands once.
+
+    Guarantee: when adding or removing one example moves ``grads`` by at most ``C`` in L2 (each example's gradient
+    clipped to ``C`` and no term mixing examples; docs/design.md, contracts 3 and 11), the noisy sum is the Gaussian
+    mechanism at noise multiplier ``sigma = std / C``. On a Poisson sample of rate ``q`` it is the subsampled Gaussian
+    mechanism that the caller's ledger records as ``(sigma, q)`` (:mod:`lightning_dprobust.core.accounting`); the
+    product by ``scale`` (``1 / (q N)`` for the expected batch) is post-processing.
+
+    Assumptions: ``generator`` is the mechanism's own secret generator for this release
+    (``DPRandomness.noise_generator``: operating-system entropy, a fresh stream per release, never the global RNG;
+    docs/design.md, contract 8); ``None`` (the global RNG) is for benchmarks only. ``std = 0`` adds no noise and draws
+    nothing: no guarantee, unless the sum is all-reduced into another rank's noisy sum (``DPCallback`` under DDP).
 
     The draws are those of :func:`gaussian_noise_like` with the same generator (same calls, same order), but only one
     group's noise (at most :data:`NOISE_DRAW_VALUES` values, or one gradient) exists at a time.

@@ -15,6 +15,8 @@ Every update of a private component is one DP-SGD release (Abadi et al. 2016, ar
    ``callbacks/dp_randomness.py`` (never the global RNG), the same on every rank so replicas stay identical;
 4. the result is divided by the expected global batch size ``q N`` and applied by the component's optimizer.
 
+Steps 3 and 4 are ``DPCallback``'s release, :func:`~lightning_dprobust.core.per_sample.add_noise_and_scale_`.
+
 Accounting: the ``K`` private releases of one training iteration read the same Poisson sample; their composition is
 ``sqrt(sum_k mu_k^2)``-GDP with ``mu_k = 1 / noise_multiplier`` (Dong, Roth, Su 2019, Cor. 3.3: Gaussian mechanisms
 compose exactly and adaptively), i.e. one subsampled Gaussian mechanism with noise multiplier
@@ -52,7 +54,7 @@ from lightning_dprobust.callbacks.dp_randomness import DPRandomness
 from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, DeltaAndAccountant, PrivacyLedger, epsilon_for
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import GhostClipper
-from lightning_dprobust.core.per_sample import PerExampleClipper, gaussian_noise_like
+from lightning_dprobust.core.per_sample import PerExampleClipper, add_noise_and_scale_
 
 CLIP_MODES = ("per_example", "batch")
 NOMINAL_SOURCE = "generative.nominal_accounting"
@@ -248,9 +250,10 @@ class GenerativeDPModule(L.LightningModule, DeltaAndAccountant):
             clipped = clipper(batch)
             grads, losses = _all_reduce(clipped.grads, mean=False), clipped.losses
             scale = 1.0 / (self.loaders.sample_rate * self.loaders.num_examples)
-        noise = self._noise(grads)
+        generator = self._noise_generator(grads)
         self._releases += 1
-        return {name: (grads[name] + noise[name]) * scale for name in grads}, losses.detach().mean()
+        private = add_noise_and_scale_(grads, self.noise_multiplier * self.max_grad_norm, scale, generator)
+        return dict(private), losses.detach().mean()
 
     def _build_clipper(
         self, component: str, loss: str, params: Mapping[str, Tensor]
@@ -262,12 +265,11 @@ class GenerativeDPModule(L.LightningModule, DeltaAndAccountant):
         self._clippers[component, loss] = clipper
         return clipper
 
-    def _noise(self, grads: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """``N(0, (sigma C)^2)`` per coordinate from the secret generator of this release (same on every rank)."""
+    def _noise_generator(self, grads: Mapping[str, Tensor]) -> torch.Generator:
+        """The secret generator of this release (the same on every rank, so replicas add the same noise)."""
         counter = self.ledger.steps + self._nominal_ledger.steps + self._zero_noise_steps
         device = next(iter(grads.values())).device
-        generator = self.randomness.noise_generator(_release_key(counter, self._releases), device)
-        return gaussian_noise_like(grads, self.noise_multiplier * self.max_grad_norm, generator)
+        return self.randomness.noise_generator(_release_key(counter, self._releases), device)
 
     # ------------------------------------------------------------------------------------------- accounting
     def record_iteration(self) -> None:

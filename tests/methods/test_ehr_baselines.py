@@ -70,7 +70,7 @@ def spy(module, x, m):
     """One iteration; returns (components stepped, components given noise, components whose loss reads x)."""
     stepped, noised, reads = [], set(), set()
     owner = {name: part for part, params in module.component_parameters().items() for name in params}
-    original_step, original_noise = module.component_step, module._noise
+    original_step, original_noise = module.component_step, module._noise_generator
 
     def step(component, loss, batch=()):
         value = getattr(module, loss)(*batch) if isinstance(loss, str) else loss()
@@ -83,7 +83,7 @@ def spy(module, x, m):
         noised.update(owner[name] for name in grads)
         return original_noise(grads)
 
-    module.component_step, module._noise = step, noise
+    module.component_step, module._noise_generator = step, noise
     module.train_iteration(x.requires_grad_(True), m, 0)
     return stepped, noised, reads
 

@@ -11,29 +11,18 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.callbacks import DPCallback, TransDenoiserCallback
-from lightning_dprobust.callbacks.transdenoiser import NOMINAL_SOURCE, VanishingNoiseError, add_slice_noise
+from lightning_dprobust.callbacks.transdenoiser import NOMINAL_SOURCE, VanishingNoiseError, release_slices_
 from lightning_dprobust.core.accounting import epsilon_for
 from lightning_dprobust.core.calibration import max_steps_within_budget
 from lightning_dprobust.core.smoothing import Smooth
 from lightning_dprobust.methods import TransDenoiser
 from tests.helpers import digits, quiet_trainer, wandb_run_file
+from tests.methods.transdenoiser_helpers import denoiser, ready_callback
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:noise seed"),
     pytest.mark.filterwarnings("ignore:.*reproducibility mode"),
 ]
-TINY = {"width": 16, "depth": 3, "groups": 4}
-
-
-def public_classifier() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-
-
-def denoiser(**kwargs) -> TransDenoiser:
-    torch.manual_seed(0)
-    defaults = {"classifier": public_classifier(), "input_shape": (1, 8, 8), "denoiser_kwargs": TINY, "noise_seed": 3}
-    return TransDenoiser(**(defaults | kwargs))
 
 
 def checksum(module: torch.nn.Module) -> str:
@@ -199,16 +188,8 @@ def test_thesis_accounting_records_the_nominal_claim_and_no_guarantee(tmp_path):
     assert dp.ledger.nominal_summary() in dp.privacy_summary()
 
 
-def _ready_callback(tmp_path, **kwargs) -> tuple[TransDenoiserCallback, TransDenoiser]:
-    module = denoiser()
-    dp = TransDenoiserCallback(delta=1e-5, seed=4, **kwargs)
-    fit_trainer = quiet_trainer(tmp_path, callbacks=[dp], max_steps=1)
-    fit_trainer.fit(module, digits(batch_size=64))
-    return dp, module
-
-
 def test_negative_cases_get_xi_up(tmp_path):
-    dp, module = _ready_callback(tmp_path)
+    dp, module = ready_callback(tmp_path)
     x = torch.rand(8, 1, 8, 8)
     z = x + 0.25 * torch.randn_like(x)
     losses = module.per_example_loss(x, z).detach()
@@ -219,7 +200,7 @@ def test_negative_cases_get_xi_up(tmp_path):
 
 
 def test_rank_guard_falls_back_to_xi_up_with_a_warning(tmp_path):
-    dp, module = _ready_callback(tmp_path, transform_slices=("first", "last"))
+    dp, module = ready_callback(tmp_path, transform_slices=("first", "last"))
     x = torch.rand(1, 1, 8, 8)  # one example: rank <= 64 < 160 parameters of the first slice
     z = x + 0.25 * torch.randn_like(x)
     with pytest.warns(UserWarning, match="S_min"):
@@ -242,7 +223,9 @@ def test_the_gradient_noise_comes_from_the_dp_randomness(tmp_path):
 
 def test_each_slice_gets_noise_of_its_own_std():
     grads = {"a": torch.zeros(20000), "b": torch.zeros(100, 100)}
-    noisy = add_slice_noise(grads, {"s1": ["a"], "s2": ["b"]}, {"s1": 2.0, "s2": 0.5}, torch.Generator().manual_seed(0))
+    noisy = release_slices_(
+        grads, {"s1": ["a"], "s2": ["b"]}, {"s1": 2.0, "s2": 0.5}, 1.0, torch.Generator().manual_seed(0)
+    )
     assert float(noisy["a"].std()) == pytest.approx(2.0, rel=0.03)
     assert float(noisy["b"].std()) == pytest.approx(0.5, rel=0.03)
 

@@ -83,8 +83,8 @@ class GenerativeDPModule(L.LightningModule, DeltaAndAccountant):
             Same guarantee either way, for losses that never mix examples (``ghost`` checks that at its first call
             and every 100 calls, :mod:`lightning_dprobust.core.engines`). ``vmap`` is the default because it is the
             faster one at the sizes this library ships (IGAMT at ``configs/igamt/synthetic.yaml``'s sizes, CPU:
-            README, "Generative methods"): the per-layer rules pay hooks and graph walks that a 32-wide transformer
-            does not repay.
+            docs/performance.md, "Generative methods"): the per-layer rules pay hooks and graph walks that a 32-wide
+            transformer does not repay.
     """
 
     def __init__(

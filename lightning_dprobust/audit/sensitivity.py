@@ -7,6 +7,10 @@ through running statistics, through the batch's mean, through attention across t
 the second step, and separable ones (tied weights, the CNN). A mixing model must be refused (the engine raises, so
 nothing is released) or run within the bound.
 
+The other mechanisms' tests in ``tests/privacy/`` use the same protocol: the generative modules (IGAMT, the EHR
+baselines) with the canary appended to their own batch, TransDenoiser's release per parameter slice on
+:func:`canary_pairs`, and StoBatch's releases on :func:`neighbours`; the table below covers the engines only.
+
 Known limit: without the probe, a loss that starts to mix examples after the first check runs unchecked until the
 next periodic check (``CHECK_EVERY`` steps), which then stops the run; the table shows that window's sensitivity.
 
@@ -17,6 +21,7 @@ sensitivity / C (the largest over both labels and both protocols: the adversaria
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -136,8 +141,19 @@ def _warm_up_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.rand(BATCH, 1, 8, 8, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator)
 
 
-def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return math.sqrt(sum(float((a[name] - b[name]).double().square().sum()) for name in a))
+def canary_pairs(module: nn.Module) -> Iterator[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """For each canary label of :func:`neighbours`: the method's per-example inputs (views, adversarial examples,
+    noisy inputs) of the batch with the canary, and its neighbour, the same inputs without the canary's row, so both
+    share every other example's inputs exactly. Drawn one pair at a time (the inputs may use random draws)."""
+    for label in (0, 7):
+        inputs = module.training_inputs(neighbours(label)[0])
+        yield inputs, tuple(t[:-1] for t in inputs)
+
+
+def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: Iterable[str] | None = None) -> float:
+    """L2 distance between two clipped sums (``name -> tensor``), over ``names`` (default: all of ``a``)."""
+    names = a if names is None else names
+    return math.sqrt(sum(float((a[name] - b[name]).double().square().sum()) for name in names))
 
 
 ENGINES = ("vmap", "ghost", "auto", "ghost+probe")
@@ -156,12 +172,8 @@ def released_distances(case: str, engine: str, warm_up: bool) -> list[float] | s
         if isinstance(module, LateMixing):
             clipper(module.training_inputs(_warm_up_batch()))  # step 1: separable
             module.mixing = True
-        for label in (0, 7):
-            # the method's per-example inputs (views, adversarial examples) of the batch with the canary; its
-            # neighbour drops the canary's row, so both share every other example's inputs exactly
-            inputs = module.training_inputs(neighbours(label)[0])
-            without = tuple(t[:-1] for t in inputs)
-            distances.append(_distance(clipper(inputs).grads, clipper(without).grads))
+        for inputs, without in canary_pairs(module):
+            distances.append(distance(clipper(inputs).grads, clipper(without).grads))
     except Exception as error:  # the engine refused: nothing was released
         return f"refused: {type(error).__name__}"
     return distances

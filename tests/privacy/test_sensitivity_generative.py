@@ -5,11 +5,10 @@ Synthetic draws paired with real examples belong to the batch, so the canary car
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
+from lightning_dprobust.audit.sensitivity import distance
 from lightning_dprobust.methods.ehr_baselines import BASELINES
 from tests.helpers import quiet_trainer
 from tests.methods.igamt_helpers import SMALL, EHRData, small
@@ -52,6 +51,6 @@ def test_one_example_moves_every_private_release_by_at_most_C(tmp_path, name):
         with_canary = tuple(torch.cat([t, torch.ones_like(t[:1])]) for t in batch)
         a, _ = module._private_gradients(component, loss, params, with_canary)
         b, _ = module._private_gradients(component, loss, params, batch)
-        distance = math.sqrt(sum(float((a[k] - b[k]).double().square().sum()) for k in a)) * scale
-        assert distance <= C * (1 + 1e-5), f"{name} {component}/{loss}: one example moved the release by {distance}"
-        assert distance > 0.0, f"{name} {component}/{loss}: the canary's gradient is absent from the release"
+        moved = distance(a, b) * scale
+        assert moved <= C * (1 + 1e-5), f"{name} {component}/{loss}: one example moved the release by {moved}"
+        assert moved > 0.0, f"{name} {component}/{loss}: the canary's gradient is absent from the release"

@@ -44,6 +44,9 @@ from lightning_dprobust.paths import shipped_root
 
 CONFIG_DIR = shipped_root() / "configs"
 """The shipped recipes, ``configs/<method>/<dataset>.yaml``."""
+BASE_CONFIG = CONFIG_DIR / "base" / "trainer.yaml"
+"""The trainer settings every recipe shares (devices, the W&B logger, the checkpoint callback), read before any config
+(jsonargparse's ``default_config_files``): a recipe names only what differs."""
 
 _EXPECTED_WARNINGS = ".*(does not have many workers|no `val_dataloader`|LeafSpec|LightningCLI's args parameter).*"
 """Warnings every programmatic fit would repeat: few loader workers, no validation loop, ``args=`` with ``sys.argv``."""
@@ -69,6 +72,9 @@ class DProbustCLI(LightningCLI):
         run: run the subcommand; ``False`` only instantiates the trainer, model and data.
     """
 
+    default_config_files: tuple[Path, ...] = (BASE_CONFIG,)
+    """Configs read before the command line's, in order; a later config overrides what it names."""
+
     def __init__(self, args: Sequence[str] | None = None, run: bool = True) -> None:
         os.environ.setdefault("WANDB_MODE", "offline")  # as for the evaluation subcommands: WANDB_MODE decides
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -82,7 +88,13 @@ class DProbustCLI(LightningCLI):
             save_config_callback=SaveConfigOnce,
             trainer_defaults={"plugins": [{"class_path": "lightning_dprobust.checkpoint_io.AtomicCheckpointIO"}]},
             auto_configure_optimizers=False,
+            parser_kwargs=self._parser_kwargs(run),
         )
+
+    def _parser_kwargs(self, run: bool) -> dict[str, Any]:
+        """:attr:`default_config_files` for each subcommand's parser (``run``), else for the one parser of a recipe."""
+        defaults = {"default_config_files": [str(path) for path in self.default_config_files]}
+        return {name: defaults for name in self.subcommands()} if run else defaults
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -160,6 +172,29 @@ def fit_recipe(config: str | Path | dict[str, Any], overrides: Sequence[str] = (
     cli.trainer.fit(cli.model, cli.datamodule)
     metrics = cli.trainer.test(cli.model, cli.datamodule, verbose=False)[0] if test else {}
     return FittedRecipe(cli.trainer, cli.model, cli.datamodule, find_dp_callback(cli.trainer), metrics)
+
+
+def composed_config(path: str | Path) -> dict[str, Any]:
+    """A recipe as ``dprobust fit`` reads it, as a dict: :data:`BASE_CONFIG` with the recipe over it (a mapping is
+    merged key by key unless it names another ``class_path``; any other value, a list included, is replaced; a
+    ``key+`` list is appended to ``key``'s)."""
+    return _merged(yaml.safe_load(BASE_CONFIG.read_text()), yaml.safe_load(Path(path).read_text()) or {})
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if key.endswith("+"):
+            merged[key[:-1]] = [*(merged.get(key[:-1]) or []), *value]
+        elif (
+            isinstance(value, dict)
+            and isinstance(merged.get(key), dict)
+            and value.get("class_path", merged[key].get("class_path")) == merged[key].get("class_path")
+        ):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def find_dp_callback(trainer: L.Trainer) -> DPCallback | None:

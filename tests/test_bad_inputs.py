@@ -22,10 +22,11 @@ from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 from lightning_dprobust import zoo
 from lightning_dprobust.cli import main
 from lightning_dprobust.data import DigitsDataModule
+from lightning_dprobust.recipes import composed_config
 from tests.data.fake_data import truncate, write_cifar, write_idx, write_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = yaml.safe_load((ROOT / "configs" / "dpsgd" / "digits.yaml").read_text())
+SHIPPED = composed_config(ROOT / "configs" / "dpsgd" / "digits.yaml")
 LAST = Path("runs") / "dpsgd-digits" / "checkpoints" / "last.ckpt"
 
 Edit = Callable[[dict, Path], None]

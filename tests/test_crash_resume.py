@@ -21,10 +21,11 @@ import yaml
 
 from lightning_dprobust.cli import main
 from lightning_dprobust.core.accounting import PrivacyLedger
+from lightning_dprobust.recipes import composed_config
 from tests.crash_helpers import read_steps
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = yaml.safe_load((ROOT / "configs" / "dpsgd" / "digits.yaml").read_text())
+CONFIG = composed_config(ROOT / "configs" / "dpsgd" / "digits.yaml")
 EPOCHS, STEPS_PER_EPOCH, EVERY, KILL_AT = 3, 5, 3, 7  # batch 256 of 1,293 digits: 5 Poisson steps per epoch
 CHECKPOINTS = Path("runs") / "dpsgd-digits" / "checkpoints"
 

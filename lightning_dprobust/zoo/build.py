@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from torch import nn
 
 from lightning_dprobust.core.accounting import LedgerOwner
@@ -94,7 +93,9 @@ def recipe_config(entry: Entry, *, epochs: int | None = None) -> tuple[dict[str,
             f"recipe config {path} of zoo entry {entry.name!r} does not exist; its method "
             f"({entry.meta['method']}) may not be implemented yet. Write the config, then build again"
         )
-    config = yaml.safe_load(path.read_text())
+    from lightning_dprobust.recipes import composed_config  # its base trainer settings included
+
+    config = composed_config(path)
     overrides = dict(entry.meta["recipe"].get("overrides") or {})
     if epochs is not None:
         if epochs < 1:

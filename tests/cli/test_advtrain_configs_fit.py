@@ -8,11 +8,10 @@ import math
 import re
 
 import pytest
-import yaml
 
 from lightning_dprobust import zoo
 from lightning_dprobust.callbacks import AdversarialAugmentation
-from lightning_dprobust.recipes import CONFIG_DIR, DProbustCLI, find_dp_callback
+from lightning_dprobust.recipes import CONFIG_DIR, DProbustCLI, composed_config, find_dp_callback
 from lightning_dprobust.robustness.ain_attack import AINAttack
 
 CONFIGS = {
@@ -52,9 +51,7 @@ def test_the_config_fits_and_a_dp_one_reports_its_epsilon(name, tmp_path, capsys
 def test_the_dp_configs_train_on_data_that_the_ain_and_its_target_never_saw():
     """The AIN is part of DP training: its guarantee about the private half needs a generator (and the classifier it
     was trained against) fitted on the public half only."""
-    configs = {
-        name: yaml.safe_load((CONFIG_DIR / name / "digits.yaml").read_text()) for name in CONFIGS if "dp" in name
-    }
+    configs = {name: composed_config(CONFIG_DIR / name / "digits.yaml") for name in CONFIGS if "dp" in name}
     assert all(config["data"]["init_args"]["train_part"] == "private" for config in configs.values())
     (augmentation,) = [
         callback

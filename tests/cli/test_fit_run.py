@@ -14,6 +14,7 @@ import yaml
 from lightning_dprobust.callbacks.run import privacy_curve
 from lightning_dprobust.cli import main
 from lightning_dprobust.core.accounting import PrivacyEvent, epsilon_for
+from lightning_dprobust.recipes import composed_config
 from tests.cli.test_main import DPSGD_DIGITS, dprobust
 from tests.helpers import read_wandb_config_and_summary, read_wandb_records
 
@@ -97,7 +98,7 @@ def test_a_second_fit_into_the_folder_is_refused_and_a_resume_continues_the_same
 
 
 def fit_here(tmp_path, monkeypatch, *args: str, edit=None) -> int:
-    config = yaml.safe_load(DPSGD_DIGITS.read_text())
+    config = composed_config(DPSGD_DIGITS)
     config["trainer"].update(logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path / "run"))
     if edit:
         edit(config)

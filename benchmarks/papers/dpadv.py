@@ -3,15 +3,16 @@ Deep Learning", arXiv 2112.12497v1), Tables 2, 3 and 4.
 
 Grid (20 cells):
 
-* MNIST (Tables 2 and 3, p. 9), l_inf budget 0.2 for training and evaluation, as the paper states (the shipped
-  ``configs/dpadv/mnist.yaml`` follows the authors' tutorial's 0.1; the kit overrides it to 0.2): SGD; adversarial
-  training (Adv) with FGSM, PGD_inf and PGD_2; DP-SGD at epsilon 0.2, 1, 2; DP-Adv + FGSM at epsilon 0.2, 1, 2;
-  DP-Adv + PGD_inf and + PGD_2 at epsilon 1. Each evaluated clean and under FGSM, PGD, BIM, APGD and AutoAttack
-  (l_inf 0.2). Table 2's SecureSGD and StoBatch rows quote other papers: listed, not run (StoBatch: ``stobatch.py``).
-* CIFAR-10 with CIFAR-100 pre-training (Table 4, p. 10): the Abadi et al. CNN pre-trained non-privately on CIFAR-100
-  for 10 epochs (``configs/papers/dpadv/cifar100_pretrain.yaml``, once per seed), its body kept and a new 10-way head
-  trained on CIFAR-10 (``configs/papers/dpadv/cifar10.yaml``): SGD, DP-SGD, Adv and DP-Adv with FGSM and PGD_inf at
-  4/255 and PGD_2 at 100/255, epsilon 1. Robust accuracy under each column's own training attack; SGD and DP-SGD
+* MNIST (Tables 2 and 3, sections 4.1-4.2), l_inf budget 0.2 for training and evaluation, as the paper states
+  (the shipped ``configs/dpadv/mnist.yaml`` follows the authors' tutorial's 0.1; the kit overrides it to 0.2): SGD;
+  adversarial training (Adv) with FGSM, PGD_inf and PGD_2; DP-SGD at epsilon 0.2, 1, 2; DP-Adv + FGSM at epsilon
+  0.2, 1, 2; DP-Adv + PGD_inf and + PGD_2 at epsilon 1. Each evaluated clean and under FGSM, PGD, BIM, APGD and
+  AutoAttack (l_inf 0.2). Table 2's SecureSGD and StoBatch rows quote other papers: listed, not run (StoBatch:
+  ``stobatch.py``).
+* CIFAR-10 with CIFAR-100 pre-training (Table 4, section 4.4): the Abadi et al. CNN pre-trained non-privately on
+  CIFAR-100 for 10 epochs (``configs/papers/dpadv/cifar100_pretrain.yaml``, once per seed), its body kept and a new
+  10-way head trained on CIFAR-10 (``configs/papers/dpadv/cifar10.yaml``): SGD, DP-SGD, Adv and DP-Adv with FGSM
+  and PGD_inf at 4/255 and PGD_2 at 100/255, epsilon 1. Robust accuracy under each column's own training attack; SGD and DP-SGD
   under PGD_inf 4/255 (the paper does not say which attack it used for them).
 
 Recipes: ``configs/dpadv/mnist.yaml`` (tanh CNN, SGD lr 0.25, batch 300, 15 epochs, clip 1.5, delta 1e-5) and
@@ -56,7 +57,7 @@ from paperkit import (  # noqa: E402
     test_tensors,
 )
 
-SOURCE = "Bu et al. 2021 (arXiv 2112.12497v1), Table 2 and Table 3 (p. 9), Table 4 (p. 10)"
+SOURCE = "Bu et al. 2021 (arXiv 2112.12497v1), Table 2 (sec. 4.1), Table 3 (sec. 4.2), Table 4 (sec. 4.4)"
 MNIST_EPS = 0.2
 CIFAR_EPS, CIFAR_L2 = 4 / 255, 100 / 255
 TRAIN_ATTACKS = {  # label -> (attack, eps, kwargs) for training
@@ -70,7 +71,7 @@ CIFAR_ATTACKS = {
     "PGD_2": ("PGDL2", CIFAR_L2, {"steps": 10, "alpha": 2.5 * CIFAR_L2 / 10}),
 }
 METRICS = ("clean", "FGSM", "PGD", "BIM", "APGD", "AutoAttack")
-# Table 3 (p. 9; MNIST, epsilon 1, l_inf 0.2): clean, FGSM, PGD, BIM, APGD, AutoAttack (%); Table 2 adds epsilon 0.2/2.
+# Table 3 (sec. 4.2; MNIST, epsilon 1, l_inf 0.2): clean, FGSM, PGD, BIM, APGD, AutoAttack (%); Table 2: eps 0.2/2.
 TABLE3 = {
     "SGD": ("99.1", "67.8", "33.0", "40.6", "28.9", "27.7"),
     "DP-SGD": ("97.2", "63.0", "28.0", "36.9", "20.6", "18.7"),
@@ -87,7 +88,7 @@ TABLE2 = {  # (method, epsilon) -> (clean, FGSM) (%)
     ("DP-Adv+FGSM", 0.2): ("94.0", "74.0"),
     ("DP-Adv+FGSM", 2.0): ("97.8", "89.1"),
 }
-TABLE4 = {  # Table 4 (p. 10; CIFAR-10, pre-trained on CIFAR-100): (clean, robust) (%)
+TABLE4 = {  # Table 4 (sec. 4.4; CIFAR-10, pre-trained on CIFAR-100): (clean, robust) (%)
     "SGD": ("69.0", "17.7"),
     "DP-SGD": ("64.0", "18.1"),
     "Adv+FGSM": ("64.3", "41.5"),

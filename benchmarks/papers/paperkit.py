@@ -3,8 +3,8 @@
 A kit is a :class:`Kit`: the grid of one paper's main table as :class:`Cell` s (datasets, epsilons, methods,
 hyperparameters), each trained through the shipped recipes (``configs/``,
 :func:`lightning_dprobust.recipes.build_recipe`, the path of ``dprobust fit``) and evaluated, with the paper's
-numbers for that cell transcribed from the paper (labelled "paper", with page and table/figure). :func:`main` runs a
-kit from the command line:
+numbers for that cell transcribed from the paper (labelled "paper", with the table or figure and its section: the
+text sources carry no page numbers). :func:`main` runs a kit from the command line:
 
 * real mode (default): the paper's data (``$DPROBUST_DATA`` or ``--data-root``), paper-sized models, the paper's
   epochs; results go to ``results/papers/<paper>/``;
@@ -171,6 +171,7 @@ def fit(
     timing_key: str = "",
     prepare: Callable[[L.LightningModule], None] | None = None,
     train_indices: Sequence[int] | None = None,
+    batch_limited: bool = False,
 ) -> FittedRecipe:
     """Fit a recipe exactly as ``dprobust fit`` would (:func:`build_recipe`), seeded (:func:`seeded_config`), quiet,
     without checkpoints, and test it.
@@ -180,9 +181,13 @@ def fit(
     (timing) steps. In timing mode the median time of the steps after the first is stored under ``timing_key``.
     ``prepare(module)`` runs after the module is built and before training (e.g. to load pre-trained weights).
     ``train_indices``: train on these examples of the data module's train split only (a membership-audit quarter).
+    ``batch_limited``: limit smoke/timing runs by training batches, not optimizer steps (modules that step several
+    optimizers per batch, such as the EHR generators).
     """
     path = Path(config) if isinstance(config, str | Path) else None
     seeded = seeded_config(path if path is not None else dict(config), seed)
+    for key in ("logger", "callbacks"):  # replaced below (no logger, no checkpoints), whatever the recipe names
+        (seeded.get("trainer") or {}).pop(key, None)
     runs = context.workdir / "runs"
     run_dir = runs / str(len(list(runs.glob("*"))) if runs.is_dir() else 0)
     args = [
@@ -200,10 +205,13 @@ def fit(
         args.append(f"--data.init_args.data_dir={context.data_dir(dataset)}")
     if context.fake:
         args += FAKE_DATA_ARGS.get(dataset or "", [])
-    if context.smoke:
-        args += [*SMOKE_TRAINER, *smoke_overrides]
-    elif context.timing:
-        args += [a.replace("max_steps=2", "max_steps=3") for a in SMOKE_TRAINER]
+    if context.fake:
+        limit = 2 if context.smoke else 3
+        args += [a.replace("max_steps=2", f"max_steps={limit}") for a in SMOKE_TRAINER]
+        if batch_limited:
+            args += ["--trainer.max_steps=-1", f"--trainer.limit_train_batches={limit}"]
+        if context.smoke:
+            args += list(smoke_overrides)
     with _quiet():
         cli = build_recipe(seeded, args)
         timer = StepTimer()
@@ -228,6 +236,9 @@ def datamodule_of(
     dataset: str | None = None,
 ):
     """The data module a :func:`fit` with the same arguments would train on, set up (nothing is trained)."""
+    config = seeded_config(Path(config) if isinstance(config, str | Path) else dict(config), 0)
+    for key in ("logger", "callbacks"):
+        (config.get("trainer") or {}).pop(key, None)
     args = ["--trainer.logger=false", *overrides]
     if dataset is not None and context.data_dir(dataset) is not None:
         args.append(f"--data.init_args.data_dir={context.data_dir(dataset)}")
@@ -606,39 +617,41 @@ def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None) -
 
 
 # ----------------------------------------------------------------------------------------------------------- main
-def main(kit: Kit, argv: Sequence[str] | None = None, doc: str = "") -> Path | None:
-    parser = argparse.ArgumentParser(description=doc or kit.title, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(kits: Kit | Sequence[Kit], argv: Sequence[str] | None = None, doc: str = "") -> list[Path]:
+    """The command line of a kit module: one kit, or several (one table each, e.g. the thesis's three chapters)."""
+    kits = [kits] if isinstance(kits, Kit) else list(kits)
+    parser = argparse.ArgumentParser(
+        description=doc or kits[0].title, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--smoke", action="store_true", help="whole grid on fake data, tiny models, 2 steps/cell")
     parser.add_argument("--estimate", action="store_true", help="time the real recipes; print the GPU estimate")
     parser.add_argument(
         "--out",
-        help="folder for the result files and table (default: results/papers/<paper>/; smoke: a temporary folder)",
+        help="folder for the result files and table (default: results/papers/<kit>/; smoke: a temporary folder)",
     )
-    parser.add_argument("--seeds", type=int, nargs="+", help=f"default: {list(kit.real_seeds)} (smoke: 0)")
+    parser.add_argument("--seeds", type=int, nargs="+", help=f"default: {list(kits[0].real_seeds)} (smoke: 0)")
     parser.add_argument("--cells", nargs="+", default=(), help="only the cells whose key contains one of these")
     parser.add_argument("--data-root", help="folder holding <dataset>/ folders (default: $DPROBUST_DATA)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--list", action="store_true", help="print the grid's cell keys and exit")
     args = parser.parse_args(argv)
     if args.list:
-        for cell in kit.cells:
-            print(cell.key, "|", ", ".join(cell.labels), "|", cell.skip or "run")
-        return None
+        for kit in kits:
+            for cell in kit.cells:
+                print(kit.name, "|", cell.key, "|", ", ".join(cell.labels), "|", cell.skip or "run")
+        return []
     quiet_training()
     if args.estimate:
         torch.set_num_threads(1)
-        print(estimate(kit))
-        return None
-    if args.smoke and args.out is None:
-        out = Path(tempfile.mkdtemp(prefix=f"kit-{kit.name}-smoke-"))
-    else:
-        out = args.out
-    return run_kit(
-        kit,
-        smoke=args.smoke,
-        out=out,
-        seeds=args.seeds,
-        only=args.cells,
-        data_root=args.data_root,
-        device="cpu" if args.smoke else args.device,
-    )
+        for kit in kits:
+            print(f"## {kit.name}\n\n{estimate(kit)}")
+        return []
+    base = Path(tempfile.mkdtemp(prefix="kit-smoke-")) if args.smoke and args.out is None else args.out
+    tables = []
+    for kit in kits:
+        out = None if base is None else Path(base) / kit.name if len(kits) > 1 else Path(base)
+        if args.cells and not any(part in cell.key for cell in kit.cells for part in args.cells):
+            continue
+        tables.append(run_kit(kit, smoke=args.smoke, out=out, seeds=args.seeds, only=args.cells,
+                              data_root=args.data_root, device="cpu" if args.smoke else args.device))  # fmt: skip
+    return tables

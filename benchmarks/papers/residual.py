@@ -12,7 +12,7 @@ with its noise on.
 
 Grid (9 cells):
 
-* Table 1 (p. 7, section 4.2.1; IDC, gamma 0.3): ResNet8 trained by DPSGD, En1ResNet8 and En5ResNet8 with Strategy I.
+* Table 1 (section 4.2.1; IDC, gamma 0.3): ResNet8 trained by DPSGD, En1ResNet8 and En5ResNet8 with Strategy I.
 * Table 2 (appendix D.2.1; IDC): En1ResNet8 and En5ResNet8 with Strategy II ("the above settings": gamma 0.3 is the
   kit's reading; the paper does not state it).
 * Section 4.2 text (IDC, Strategy I): En5ResNet8 at gamma 0.2 and the plain ResNet8 (gamma 0).
@@ -51,7 +51,10 @@ from paperkit import Cell, Context, Kit, config_path, datamodule_of, epsilon_of,
 from lightning_dprobust.audit.membership import model_outputs  # noqa: E402
 from lightning_dprobust.audit.salem import salem_attack, salem_split  # noqa: E402
 
-SOURCE = "Tao et al. (ICLR 2021 submission, OpenReview eNSpdJeR_J), Table 1 (p. 7), Table 2 (app. D.2.1), secs. 4.2-4.3"
+SOURCE = (
+    "Tao et al. (ICLR 2021 submission, OpenReview eNSpdJeR_J), Table 1 (sec. 4.2.1), Table 2 (app. D.2.1), "
+    "secs. 4.2-4.3"
+)
 SMOKE = ["--data.init_args.batch_size=4"]
 DATA = {"idc": [], "cifar10": ["--data.init_args.val_fraction=0"]}
 QUARTER = {"idc": 39_952 // 4, "cifar10": 50_000 // 4}

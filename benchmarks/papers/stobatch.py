@@ -1,5 +1,5 @@
 """Reproduction kit: StoBatch (Phan, Thai, Hu, Jin, Sun, Dou, "Scalable Differential Privacy with Certified Robustness
-in Adversarial Learning", ICML 2020, arXiv 1903.09822), Figs. 2 and 3 (p. 8) and Fig. 9 (p. 8).
+in Adversarial Learning", ICML 2020, arXiv 1903.09822), Figs. 2, 3 and 9 (section 4 and Appendix Q).
 
 The paper has no results table: its main results are plots of conventional accuracy against the privacy budget,
 with the numbers quoted in the text (section 4 and Appendix Q). Grid (10 cells):
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paperkit import PAPER_CONFIGS, Cell, Context, Kit, attack_accuracies, fit, main, test_tensors  # noqa: E402
 
-SOURCE = "Phan et al. 2020 (ICML, arXiv 1903.09822), section 4 text on Figs. 2-3 and 9 (p. 8) and Appendix Q"
+SOURCE = "Phan et al. 2020 (ICML, arXiv 1903.09822), section 4 text on Figs. 2, 3 and 9 and Appendix Q"
 MU_A = 0.1  # pixel units: 0.2 in the paper's [-1, 1] units
 ATTACKS = {"I-FGSM": "BIM", "MIM": "MIFGSM", "PGD": "PGD"}
 MNIST = {0.2: "82.7", 0.5: "-", 1.0: "-", 2.0: "89.59"}

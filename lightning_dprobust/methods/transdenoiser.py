@@ -13,7 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dprobust.core.transdenoiser_math import secret_generator
 from lightning_dprobust.data.validation import check_batch
-from lightning_dprobust.methods.base import ClassifierModule, TrainInputs
+from lightning_dprobust.methods.base import ClassifierModule, TrainInputs, renamed_seed
 from lightning_dprobust.models import create_model
 
 SLICES = ("first", "middle", "last")
@@ -27,7 +27,8 @@ def load_public_classifier(
     pretrained: bool = True,
     owner: str = "TransDenoiser(classifier",
 ) -> nn.Module:
-    """The frozen public classifier ``h``: a module, a zoo entry name, or ``timm/<arch>`` (with timm's weights).
+    """The frozen public classifier ``h``: a module, a zoo entry name, ``timm/<arch>`` (with timm's weights) or the
+    ``.ckpt`` of a classifier fitted by ``dprobust fit`` (read with ``weights_only=True``).
     ``owner`` starts the error messages (the argument that named the classifier).
 
     Raises:
@@ -36,6 +37,13 @@ def load_public_classifier(
     """
     if isinstance(classifier, nn.Module):
         return classifier
+    if str(classifier).endswith(".ckpt"):  # a classifier fitted by `dprobust fit` (e.g. on the public half)
+        from lightning_dprobust.methods.checkpoints import load_checkpoint_module
+
+        try:
+            return load_checkpoint_module(classifier)
+        except (FileNotFoundError, ValueError) as error:
+            raise ValueError(f"{owner}={classifier!r}): {error}") from error
     if classifier.startswith("timm/"):
         return create_model(classifier, num_classes=num_classes, input_shape=input_shape, pretrained=pretrained)
     from lightning_dprobust import zoo
@@ -71,7 +79,7 @@ class TransDenoiser(ClassifierModule):
         optimizer, the per-example engine and the DP noise touch the denoiser only. The input noise comes from a
         generator keyed by a 128-bit secret from the operating system's entropy, all of whose bits set its state
         (:func:`~lightning_dprobust.core.transdenoiser_math.secret_generator`), independent of ``seed_everything``
-        (the thesis counts it as privacy noise; the guarantee recorded does not); ``noise_seed`` is a warned test
+        (the thesis counts it as privacy noise; the guarantee recorded does not); ``seed`` is a warned test
         mode.
 
     Args:
@@ -86,7 +94,7 @@ class TransDenoiser(ClassifierModule):
         sigma_schedule: ``"constant"`` (the thesis) or ``"ramp"`` (the authors' code: from ``sigma_start``,
             multiplied by ``1 + ramp_rate`` per step, up to ``sigma``).
         sigma_start: first sigma of the ramp. ramp_rate: growth per step of the ramp.
-        noise_seed: fixed seed of the input noise (test mode, warned).
+        seed: fixed seed of the input noise (test mode, warned); ``noise_seed`` is its deprecated name.
         mean: ignored (linked from the data module): the denoiser works on ``[0, 1]`` images and ``h`` carries its
             own normalization. std: ignored, as ``mean``.
         **kwargs: see :class:`~lightning_dprobust.methods.base.ClassifierModule` (``optimizer``, ``lr``, ...).
@@ -109,23 +117,27 @@ class TransDenoiser(ClassifierModule):
         sigma_schedule: Literal["constant", "ramp"] = "constant",
         sigma_start: float | None = None,
         ramp_rate: float = 1.5e-4,
-        noise_seed: int | None = None,
+        seed: int | None = None,
         optimizer: Literal["sgd", "adam", "adamw"] = "adam",
         lr: float = 1e-3,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        noise_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
+        seed = renamed_seed("TransDenoiser", "noise_seed", noise_seed, seed)
         _check_noise(sigma, sigma_schedule, sigma_start, ramp_rate)
         # the denoiser maps [0, 1] images to [0, 1] images: no normalization (the classifier carries its own)
         super().__init__(model=denoiser, model_kwargs=denoiser_kwargs, optimizer=optimizer, lr=lr, **kwargs)
         # the base class saved every constructor argument; "model" duplicates "denoiser", and a module is no YAML
         for key in ("model", "model_kwargs") + (("classifier",) if isinstance(classifier, nn.Module) else ()):
             self.hparams.pop(key, None)
+        self.hparams.pop("noise_seed", None)
+        self.hparams["seed"] = seed  # under its one name, whichever name it was given
         self.classifier = load_public_classifier(classifier, self.num_classes, self.input_shape)
         self.classifier.requires_grad_(False).eval()
         self.sigma = float(sigma)
-        self._noise_seed = noise_seed
+        self._seed = seed
         self._generator: torch.Generator | None = None
         self.val_acc = MulticlassAccuracy(num_classes=self.num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=self.num_classes, average="micro")
@@ -180,7 +192,7 @@ class TransDenoiser(ClassifierModule):
     def input_noise(self, x: Tensor, sigma: float) -> Tensor:
         """``N(0, sigma^2 I)`` shaped like ``x``, from the module's secret generator (a new secret per device)."""
         if self._generator is None or self._generator.device != x.device:
-            self._generator = secret_generator(self._noise_seed, x.device)
+            self._generator = secret_generator(self._seed, x.device)
         return sigma * torch.randn(x.shape, generator=self._generator, device=x.device, dtype=x.dtype)
 
     def training_inputs(self, batch: Any) -> TrainInputs:

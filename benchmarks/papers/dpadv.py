@@ -12,8 +12,8 @@ Grid (20 cells):
 * CIFAR-10 with CIFAR-100 pre-training (Table 4, section 4.4): the Abadi et al. CNN pre-trained non-privately on
   CIFAR-100 for 10 epochs (``configs/papers/dpadv/cifar100_pretrain.yaml``, once per seed), its body kept and a new
   10-way head trained on CIFAR-10 (``configs/papers/dpadv/cifar10.yaml``): SGD, DP-SGD, Adv and DP-Adv with FGSM
-  and PGD_inf at 4/255 and PGD_2 at 100/255, epsilon 1. Robust accuracy under each column's own training attack; SGD and DP-SGD
-  under PGD_inf 4/255 (the paper does not say which attack it used for them).
+  and PGD_inf at 4/255 and PGD_2 at 100/255, epsilon 1. Robust accuracy under each column's own training attack;
+  SGD and DP-SGD under PGD_inf 4/255 (the paper does not say which attack it used for them).
 
 Recipes: ``configs/dpadv/mnist.yaml`` (tanh CNN, SGD lr 0.25, batch 300, 15 epochs, clip 1.5, delta 1e-5) and
 ``configs/dpsgd/mnist.yaml`` (the same settings without the attack); ``--dp null`` for the non-private rows.

@@ -69,6 +69,7 @@ def _seeds(seeds: list[int]) -> str:
 def caption(record: dict) -> str:
     """One line: title, seeds, notes, then where the numbers come from."""
     title, notes = record["title"].rstrip("."), record["notes"].strip().rstrip(".")
+    notes = notes[:1].upper() + notes[1:]
     commit = record["commit"]
     commit = commit[:12] + ("+dirty" if commit.endswith("+dirty") else "") if commit != "unknown" else commit
     source = (

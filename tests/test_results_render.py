@@ -77,7 +77,7 @@ def test_render_replaces_only_what_lies_between_the_markers(tmp_path):
     assert "| DP-SGD | 92.86 +- 1.16 |" in text and "typed" not in text
     caption = next(line for line in text.splitlines() if line.startswith("*A toy table*"))
     record = json.loads((directory / "toy.json").read_text())
-    assert "(seeds 0, 1, 2). mean +- sample standard deviation over 3 seeds (0, 1, 2). Source: " in caption
+    assert "(seeds 0, 1, 2). Mean +- sample standard deviation over 3 seeds (0, 1, 2). Source: " in caption
     assert f"`{record['command']}`" in caption and record["date"][:10] in caption
     assert f"`{record['commit'][:12]}" in caption and "`results/toy.json`" in caption
     assert render_results.main(["--root", str(tmp_path), "--check"]) == 0

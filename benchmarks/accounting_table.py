@@ -68,8 +68,9 @@ def main() -> None:
         title="Epsilon of the private digits zoo entries under the rdp, prv and pld accountants",
         columns=header,
         rows=rows,
-        notes="no seeds: epsilon is computed from each entry's recorded mechanism (sigma, q, steps, delta); the last "
-        "column is the noise multiplier each accountant calibrates for the entry's target epsilon",
+        notes="one computation, nothing drawn: epsilon follows from each entry's recorded mechanism (sigma, q, "
+        "steps, delta); the last column is the noise multiplier each accountant calibrates for the entry's target "
+        "epsilon",
         directory=args.results_dir,
     )
 

@@ -82,8 +82,9 @@ def main() -> None:
         title="How far removing one example moves the clipped gradient sum under each training attack",
         columns=header,
         rows=rows,
-        notes=f"batch of {args.batch} digits test images, each of the first {args.removed} removed in turn; "
-        f"C = {CLIP}; every attack run seeded alike (seed 0); separable attacks stay at or below 1",
+        seeds=[0],
+        notes=f"one run; batch of {args.batch} digits test images, each of the first {args.removed} removed in turn; "
+        f"C = {CLIP}; every attack run seeded alike; separable attacks stay at or below 1",
         directory=args.results_dir,
     )
 

@@ -1,6 +1,6 @@
 """Render the docs' tables from the result files: nobody types a measured number.
 
-Every docs page (``docs/**/*.md`` and ``README.md``) may hold, any number of times::
+Every docs page (``docs/**/*.md`` and ``README.md``) may hold, any number of times, each marker on a line of its own::
 
     <!-- results:NAME -->
     ...
@@ -28,10 +28,12 @@ from lightning_dprobust.robustness.reports import markdown_table
 from results import read_result
 
 ROOT = Path(__file__).resolve().parents[1]
-OPEN = re.compile(r"<!-- results:(?P<name>[A-Za-z0-9_.-]+) -->")
+OPEN = re.compile(r"^<!-- results:(?P<name>[A-Za-z0-9_.-]+) -->$", re.M)
 BLOCK = re.compile(
-    r"(?P<open><!-- results:(?P<name>[A-Za-z0-9_.-]+) -->)(?P<body>.*?)(?P<close><!-- /results:(?P=name) -->)", re.S
+    r"^(?P<open><!-- results:(?P<name>[A-Za-z0-9_.-]+) -->)$(?P<body>.*?)^(?P<close><!-- /results:(?P=name) -->)$",
+    re.S | re.M,
 )
+"""A marker is a line of its own (a marker quoted inside a sentence, as in these docs' own explanation, is text)."""
 
 
 @dataclass(frozen=True)

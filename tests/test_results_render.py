@@ -124,11 +124,13 @@ def test_the_readme_is_a_page_and_every_table_of_a_page_is_rendered(tmp_path):
     _write(directory, "second", cell="50.00 (1 seed)")
     readme = tmp_path / "README.md"
     readme.write_text(
-        "<!-- results:first -->\n<!-- /results:first -->\ntext\n<!-- results:second -->x<!-- /results:second -->\n"
+        "<!-- results:first -->\n<!-- /results:first -->\ntext\n<!-- results:second -->\nx\n<!-- /results:second -->\n"
+        "A sentence quoting `<!-- results:NAME -->` and `<!-- /results:NAME -->` is no marker.\n"
     )
     assert render_results.main(["--root", str(tmp_path)]) == 0
     text = readme.read_text()
     assert "| DP-SGD | 92.86 +- 1.16 |" in text and "| DP-SGD | 50.00 (1 seed) |" in text and "\ntext\n" in text
+    assert text.endswith("A sentence quoting `<!-- results:NAME -->` and `<!-- /results:NAME -->` is no marker.\n")
 
 
 def test_results_dir_defaults_to_the_environment_then_the_repository(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ method cannot accidentally mix examples.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -189,3 +190,24 @@ def register_method(cls: MethodType) -> MethodType:
     if not (isinstance(cls, type) and issubclass(cls, ClassifierModule)):
         raise TypeError(f"register_method takes a ClassifierModule subclass, got {cls!r}")
     return add_method(cls)
+
+
+_WARNED_ALIASES: set[tuple[str, str]] = set()
+
+
+def renamed_seed(owner: str, old: str, old_value: int | None, seed: int | None) -> int | None:
+    """The DP seed given to ``owner`` as ``seed``, or under its deprecated name ``old`` (``noise_seed``, ``dp_seed``):
+    one concept, one name, as ``DPCallback(seed=...)``. The old name still loads saved configs and checkpoints; it
+    warns once per class and name.
+
+    Raises:
+        ValueError: both names are given, with different values.
+    """
+    if old_value is None:
+        return seed
+    if seed is not None and seed != old_value:
+        raise ValueError(f"{owner} got seed={seed!r} and {old}={old_value!r}, one seed under two names: keep seed")
+    if (owner, old) not in _WARNED_ALIASES:
+        _WARNED_ALIASES.add((owner, old))
+        warnings.warn(f"{owner}({old}=...) is deprecated: write seed={old_value!r} (same meaning)", FutureWarning, 3)
+    return old_value

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger
 from lightning_dprobust.core.residual_privacy import PAPER_BOUND, theorem1_epsilon
-from lightning_dprobust.methods.base import ClassifierModule
+from lightning_dprobust.methods.base import ClassifierModule, renamed_seed
 from lightning_dprobust.models import create_model
 from lightning_dprobust.models.residual_noise import NoiseScale, Strategy
 
@@ -48,7 +48,8 @@ class ResidualPerturbation(ClassifierModule):
         combine: ``"logits"`` (EnResNet) or ``"probabilities"``.
         noise_scale: ``"absolute"`` (the paper) or ``"tensor_std"`` (EnResNet).
         noise_at_eval: keep the noise at inference (the paper); ``False`` for analysis only.
-        noise_seed: fix the noise (test mode, warned); ``None`` draws the seed from the operating system.
+        seed: fix the noise (test mode, warned); ``None`` draws the seed from the operating system. ``noise_seed`` is
+            its deprecated name.
         nominal_delta: ``delta`` of the nominal Theorem 1 epsilon.
         nominal_bound: ``G = R``, the bounds Theorem 1 assumes (30 in the paper).
         **kwargs: see :class:`~lightning_dprobust.methods.base.ClassifierModule`.
@@ -74,14 +75,18 @@ class ResidualPerturbation(ClassifierModule):
         combine: Literal["logits", "probabilities"] = "logits",
         noise_scale: NoiseScale = "absolute",
         noise_at_eval: bool = True,
-        noise_seed: int | None = None,
+        seed: int | None = None,
         nominal_delta: float = 1e-5,
         nominal_bound: float = PAPER_BOUND,
+        noise_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
+        seed = renamed_seed("ResidualPerturbation", "noise_seed", noise_seed, seed)
         if not isinstance(model, str):
             raise ValueError("ResidualPerturbation builds its own ensemble: pass a model name, e.g. 'preact_resnet8'")
         super().__init__(model=model, **kwargs)
+        self.hparams.pop("noise_seed", None)
+        self.hparams["seed"] = seed  # under its one name, whichever name it was given
         if input_noise is None:
             input_noise = gamma / 2 if strategy == "additive" else 0.0
         hp = self.hparams
@@ -95,7 +100,7 @@ class ResidualPerturbation(ClassifierModule):
             member_std=hp.std,
             ensemble_size=ensemble_size,
             combine=combine,
-            noise_seed=noise_seed,
+            seed=seed,
             strategy=strategy,
             gamma=gamma,
             input_noise=input_noise,

@@ -30,7 +30,7 @@ from lightning_dprobust.core import stobatch as sb
 from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger
 from lightning_dprobust.core.sampling import derive_seed, keyed_generator
 from lightning_dprobust.data.validation import check_batch
-from lightning_dprobust.methods.base import ClassifierModule
+from lightning_dprobust.methods.base import ClassifierModule, renamed_seed
 from lightning_dprobust.models.stobatch import StoBatchNet
 from lightning_dprobust.robustness.stobatch_attacks import ensemble_attack
 
@@ -145,7 +145,8 @@ class StoBatch(ClassifierModule):
         mu_max: largest training attack size in the paper's ``[-1, 1]`` units (``mu_max / 2`` in pixel units).
         theta1_bound: ``Delta_h``.
         reconstruction: ``"absolute"`` (bounded below, the authors' code) or ``"linear"`` (Eq. 6).
-        noise_seed: fix the noise and the batches (test mode, warned); ``None``: secret randomness.
+        seed: fix the noise and the batches (test mode, warned); ``None``: secret randomness. ``noise_seed`` is its
+            deprecated name.
         attack_seed: seed of ``mu_t`` and of PGD's random starts (public randomness).
         model_kwargs: architecture of :class:`~lightning_dprobust.models.stobatch.StoBatchNet`.
         **kwargs: see :class:`~lightning_dprobust.methods.base.ClassifierModule` (``mean``/``std`` are ignored: the
@@ -167,19 +168,23 @@ class StoBatch(ClassifierModule):
         mu_max: float = 1.0,
         theta1_bound: float = 1.0,
         reconstruction: sb.ReconstructionForm = "absolute",
-        noise_seed: int | None = None,
+        seed: int | None = None,
         attack_seed: int = 0,
         model_kwargs: dict[str, Any] | None = None,
         optimizer: str = "adam",
         lr: float = 1e-3,
+        noise_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
+        seed = renamed_seed("StoBatch", "noise_seed", noise_seed, seed)
         _check_arguments(batch_size, xi, psi, attack_steps, mu_max, theta1_bound, reconstruction)
         if inference_noise not in ("released", "training_draw"):
             raise ValueError(f"inference_noise={inference_noise!r} must be 'released' or 'training_draw'")
         for fixed in ("model", "mean", "std"):  # the network and its [-1, 1] mapping are StoBatch's own
             kwargs.pop(fixed, None)
         super().__init__(model="stobatch_cnn", model_kwargs=model_kwargs, optimizer=optimizer, lr=lr, **kwargs)
+        self.hparams.pop("noise_seed", None)
+        self.hparams["seed"] = seed  # under its one name, whichever name it was given
         net = self.net
         net.inference_noise = inference_noise
         self.delta_r = sb.reconstruction_sensitivity(net.patch_size, net.neurons)
@@ -188,7 +193,7 @@ class StoBatch(ClassifierModule):
         self.gamma = sb.gamma_h(self.delta_r, batch_size, theta1_bound)
         self.epsilon1, self.epsilon2 = sb.split_budget(float(epsilon), budget_split, self.gamma, self.gamma_x)
         sb.project_theta1(net.encoder.weight, theta1_bound)
-        self.randomness = DPRandomness(noise_seed, owner="StoBatch")
+        self.randomness = DPRandomness(seed, owner="StoBatch")
         self.ledger = PrivacyLedger()
         self.ledger.record_nominal(NOMINAL_SOURCE, self.nominal_epsilon, 0.0)
         # secret training state: in checkpoints, never in released weights

@@ -198,13 +198,13 @@ def residual_perturbation(
     member_std: Sequence[float] | None = None,
     ensemble_size: int = 1,
     combine: Literal["logits", "probabilities"] = "logits",
-    noise_seed: int | None = None,
+    seed: int | None = None,
     **noise: Any,
 ) -> Ensemble:
     """``En_K`` of registry network ``base``: ``ensemble_size`` members, each built by :func:`create_model` (its own
     initialization, behind its normalization ``member_mean``/``member_std``) and wrapped in
     :class:`PerturbedResidualNet` with the ``noise`` settings (``strategy``, ``gamma``, ``input_noise``, ``eta``,
-    ``noise_scale``, ``noise_at_eval``); member ``k`` gets ``noise_seed + k`` when a seed is given.
+    ``noise_scale``, ``noise_at_eval``); member ``k`` gets ``seed + k`` when a seed is given.
     """
     if not (isinstance(ensemble_size, int) and ensemble_size >= 1):
         raise ValueError(f"ensemble_size must be an int >= 1, got {ensemble_size!r}: set e.g. ensemble_size: 5")
@@ -218,5 +218,5 @@ def residual_perturbation(
             std=member_std,
             **(base_kwargs or {}),
         )
-        members.append(PerturbedResidualNet(net, seed=None if noise_seed is None else noise_seed + k, **noise))
+        members.append(PerturbedResidualNet(net, seed=None if seed is None else seed + k, **noise))
     return Ensemble(members, combine)

@@ -49,7 +49,7 @@ class StepRecorder(L.Callback):
 def test_fit_learns_and_records_logs_and_prints_the_epsilon_as_nominal(tmp_path, caplog):
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match="reproducibility mode"):  # a fixed draw: a secret one varies too much
-        sto = module(epsilon=8.0, noise_seed=0)
+        sto = module(epsilon=8.0, seed=0)
     trainer = quiet_trainer(tmp_path, max_epochs=8, limit_val_batches=None, callbacks=[LedgerLogger()])
     with caplog.at_level("INFO"), pytest.warns(UserWarning, match="NOT a differential-privacy guarantee"):
         trainer.fit(sto, digits())

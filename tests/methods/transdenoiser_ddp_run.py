@@ -47,7 +47,7 @@ def main(out_dir: Path, devices: int, batch_size: int) -> None:
     )
     classifier = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     kwargs = {"width": 16, "depth": 3, "groups": 4}
-    module = TransDenoiser(classifier=classifier, input_shape=(1, 8, 8), denoiser_kwargs=kwargs, noise_seed=8)
+    module = TransDenoiser(classifier=classifier, input_shape=(1, 8, 8), denoiser_kwargs=kwargs, seed=8)
     trainer.fit(module, DigitsDataModule(batch_size=batch_size))
     state = {
         "denoiser": torch.cat([p.detach().flatten() for p in module.denoiser.parameters()]),

@@ -18,7 +18,7 @@ def public_classifier() -> torch.nn.Module:
 
 def denoiser(**kwargs) -> TransDenoiser:
     torch.manual_seed(0)
-    defaults = {"classifier": public_classifier(), "input_shape": (1, 8, 8), "denoiser_kwargs": TINY, "noise_seed": 3}
+    defaults = {"classifier": public_classifier(), "input_shape": (1, 8, 8), "denoiser_kwargs": TINY, "seed": 3}
     return TransDenoiser(**(defaults | kwargs))
 
 

@@ -6,7 +6,6 @@ import argparse
 import inspect
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -22,6 +21,8 @@ from lightning_dprobust.cli.args import (
     report_paths,
     require,
     resolve_device,
+    run_folder,
+    wandb_options,
 )
 from lightning_dprobust.robustness.reports import log_wandb, write_text
 
@@ -98,7 +99,8 @@ def _attack_metrics(label: str, results: dict[str, float]) -> dict[str, float]:
 def attack_command(argv: Sequence[str]) -> None:
     """``dprobust attack``: clean and robust accuracy (Madry et al. 2018, https://arxiv.org/abs/1706.06083).
 
-    For each ``--ckpt`` and each ``--attack``, prints and writes ``<out>/<label>/attack.md`` (rows ``clean`` and one
+    For each ``--ckpt_path`` and each ``--attack``, prints and writes ``<label>/attack.md`` into a new run folder
+    (``--out``, else ``runs/attack/<label>-N``) (rows ``clean`` and one
     per attack, accuracies in percent) and logs them to W&B. Attacks run independently on every example. Each attack
     draws from its own stream derived from ``--seed`` and its name (the same for every checkpoint), so PGD's random
     start is reproducible and an attack's result does not depend on which other attacks are requested.
@@ -117,7 +119,7 @@ def attack_command(argv: Sequence[str]) -> None:
     models = load_models(args.ckpt, device)
     dataset, num_classes = load_split(args)
     check_models_fit(models, dataset, num_classes, args.data)
-    out, metrics, written = Path(args.out), {}, []
+    out, metrics, written = run_folder(args.out, "attack", next(iter(models))), {}, []
     for label, model in models.items():
         suite = {name: build_cli_attack(name, model, args, num_classes) for name in names}
         loader = DataLoader(dataset, batch_size=args.batch_size)
@@ -127,5 +129,5 @@ def attack_command(argv: Sequence[str]) -> None:
         written.append(write_text(table, out / label / "attack.md"))
         metrics.update(_attack_metrics(label, results))
     if args.wandb:
-        written.append(log_wandb(out, "attack", vars(args), metrics))
+        written.append(log_wandb(out, "attack", vars(args), metrics, **wandb_options(args)))
     report_paths(written)

@@ -2,14 +2,14 @@
 
 Two modes, chosen by the flags:
 
-* ``dprobust audit --ckpt PATH_OR_ZOO [--data digits]``: the loss, shadow-model and offline LiRA attacks
-  (:mod:`lightning_dprobust.audit.membership`); members are the data module's train split for ``--split-seed``,
+* ``dprobust audit --ckpt_path PATH_OR_ZOO [--data digits]``: the loss, shadow-model and offline LiRA attacks
+  (:mod:`lightning_dprobust.audit.membership`); members are the data module's train split for ``--split_seed``,
   non-members its validation and test splits. ``--attack salem`` runs the residual-perturbation paper's protocol
   (:func:`lightning_dprobust.audit.salem.salem_checkpoint_audit`: one shadow model, a k-64-2 attack MLP, precision
   and recall at its thresholds) on the same members and non-members.
-* ``dprobust audit --config CONFIG --canaries M [--epochs N] [--no-dp]``: the one-run audit of Steinke et al. 2023
+* ``dprobust audit --config CONFIG --canaries M [--epochs N] [--no_dp]``: the one-run audit of Steinke et al. 2023
   (:func:`lightning_dprobust.audit.runner.canary_audit`): prints the claimed epsilon and the empirical lower bound.
-* ``dprobust audit --config CONFIG --white-box [--gradient-canaries M] [--canaries M] [--engine auto|ghost|vmap]``:
+* ``dprobust audit --config CONFIG --white_box [--gradient_canaries M] [--canaries M] [--engine auto|ghost|vmap]``:
   the white-box one-run audit with Dirac gradient canaries (:func:`lightning_dprobust.audit.white_box_audit`) next to
   the black-box canary audit (default 200 canaries) and the claimed epsilon, both trained with the per-example
   clipping engine ``--engine`` names (default: the config's ``dp.engine``, else ``auto``).
@@ -35,7 +35,17 @@ from lightning_dprobust.audit.runner import (
 )
 from lightning_dprobust.audit.salem import SalemReport, SalemSplit
 from lightning_dprobust.audit.white_box import WhiteBoxReport, audited_engine, white_box_audit
-from lightning_dprobust.cli.args import CommandParser, add_output_flags, check_out, resolve_device
+from lightning_dprobust.cli.args import (
+    CommandParser,
+    add_ckpt_flag,
+    add_data_flags,
+    add_output_flags,
+    check_out,
+    check_wandb_login,
+    resolve_device,
+    run_folder,
+    wandb_options,
+)
 from lightning_dprobust.core.engines import ENGINES
 from lightning_dprobust.data import DATAMODULES
 from lightning_dprobust.recipes import Recipe, load_recipe
@@ -48,82 +58,112 @@ SALEM = "salem"
 
 def _parser() -> CommandParser:
     parser = CommandParser(prog="dprobust audit", description=__doc__.split("\n\n")[0], flag_file=False)
-    add = parser.add_argument
-    add(
-        "--ckpt_path",
-        "--ckpt",
-        dest="ckpt",
-        metavar="PATH_OR_ZOO_NAME",
-        help="membership attacks on this .ckpt or zoo entry",
+    add, flag = parser.add_argument, parser.add_flag
+    add_ckpt_flag(parser, "membership attacks on this .ckpt or zoo entry", repeat=False, required=False)
+    add_data_flags(parser, prefix="--ckpt_path mode: ")
+    flag(
+        "--split_seed",
+        "--split-seed",
+        type=int,
+        default=0,
+        help="--ckpt_path mode: the data module seed it was trained with (default 0)",
     )
-    add("--data", default="digits", choices=sorted(DATAMODULES), help="--ckpt mode: its data module (default: digits)")
-    add(
-        "--data.data_dir",
-        "--data-dir",
-        dest="data_dir",
-        default=None,
-        help="--ckpt mode: dataset folder (default: $DPROBUST_DATA/<data>)",
-    )
-    add("--split-seed", type=int, default=0, help="--ckpt mode: the data module seed it was trained with (default 0)")
-    add("--shadows", type=int, default=8, help="--ckpt mode: shadow models of shadow, lira (default: 8; salem: one)")
+    add("--shadows", type=int, default=8, help="--ckpt_path mode: shadow models of shadow, lira (default: 8)")
     add(
         "--attack",
         action="append",
         choices=(*ATTACKS, SALEM),
-        help="--ckpt mode: attack to run; repeat (default: loss, shadow, lira; salem: the residual-perturbation "
+        help="--ckpt_path mode: attack to run; repeat (default: loss, shadow, lira; salem: the residual-perturbation "
         "paper's shadow-model protocol)",
     )
-    add("--salem-lr", type=float, default=0.1, help="--attack salem: Adam learning rate of its MLP (default: 0.1)")
-    add("--batch-size", type=int, default=256, help="--ckpt mode without --config: shadow batch size (default: 256)")
+    flag(
+        "--salem_lr",
+        "--salem-lr",
+        type=float,
+        default=0.1,
+        help="--attack salem: Adam learning rate of its MLP (default: 0.1)",
+    )
+    flag(
+        "--batch_size",
+        "--batch-size",
+        type=int,
+        default=256,
+        help="--ckpt_path mode without --config: shadow batch size (default: 256)",
+    )
     add("--config", help="training config: the audited recipe (--canaries) or the shadow models' recipe (--ckpt_path)")
     add("--canaries", type=int, help="one-run audit with this many canaries (needs --config)")
-    add("--white-box", action="store_true", help="white-box one-run audit with gradient canaries (needs --config)")
-    add("--gradient-canaries", type=int, default=1000, help="--white-box: gradient canaries (default: 1000)")
+    flag(
+        "--white_box",
+        "--white-box",
+        action="store_true",
+        help="white-box one-run audit with gradient canaries (needs --config)",
+    )
+    flag(
+        "--gradient_canaries",
+        "--gradient-canaries",
+        type=int,
+        default=1000,
+        help="--white_box: gradient canaries (default: 1000)",
+    )
     add(
         "--engine",
         choices=ENGINES,
-        help="--white-box: per-example clipping engine of the audited runs (default: the config's dp.engine, or auto)",
+        help="--white_box: per-example clipping engine of the audited runs (default: the config's dp.engine, or auto)",
     )
     add("--epochs", type=int, help="epochs of every model this command trains (default: the recipe's, else 40)")
-    add("--no-dp", action="store_true", help="drop the config's DPCallback (no clipping, no noise)")
-    add("--target-epsilon", type=float, help="override the DPCallback's target_epsilon")
+    flag("--no_dp", "--no-dp", action="store_true", help="drop the config's DPCallback (no clipping, no noise)")
+    flag(
+        "--dp.target_epsilon",
+        "--target-epsilon",
+        "--target_epsilon",
+        dest="target_epsilon",
+        type=float,
+        help="override the DPCallback's target_epsilon",
+    )
     add("--beta", type=float, default=0.05, help="--canaries mode: 1 - confidence of the bound (default: 0.05)")
     add("--delta", type=float, help="--canaries mode: delta of the tested hypothesis (default: the run's, else 1e-5)")
     add("--seed", type=int, help="seed of training (default: the config's) and of the audit's random choices (0)")
-    add_output_flags(parser, "audit")
-    return parser
+    add_output_flags(parser, "audit", "<ckpt-or-config-stem>")
+    return parser  # fmt: skip
 
 
 def _check(args: argparse.Namespace) -> None:
     if (args.ckpt is None) == (args.canaries is None and not args.white_box):
         raise ValueError(
-            "dprobust audit: give either --ckpt (membership attacks) or --canaries / --white-box with --config"
+            "dprobust audit: give either --ckpt_path (membership attacks) or --canaries / --white_box with --config"
         )
     if (args.canaries is not None or args.white_box) and args.config is None:
-        flag = "--white-box" if args.white_box else "--canaries"
+        flag = "--white_box" if args.white_box else "--canaries"
         raise ValueError(f"{flag} needs --config, the training recipe to audit (e.g. configs/dpsgd/digits.yaml)")
     if args.white_box and args.no_dp:
-        raise ValueError("--white-box audits a DP run (gradient canaries are private examples): drop --no-dp")
+        raise ValueError("--white_box audits a DP run (gradient canaries are private examples): drop --no_dp")
+    if args.no_dp and args.target_epsilon is not None:
+        raise ValueError(
+            f"--dp.target_epsilon {args.target_epsilon:g} with --no_dp: a run without DP has no epsilon to target; "
+            "drop one of them"
+        )
     checks = [
         ("--canaries", args.canaries, args.canaries is None or args.canaries >= 2, "an integer >= 2"),
         ("--shadows", args.shadows, args.shadows >= 0, "an integer >= 0"),
-        ("--gradient-canaries", args.gradient_canaries, args.gradient_canaries >= 2, "an integer >= 2"),
+        ("--gradient_canaries", args.gradient_canaries, args.gradient_canaries >= 2, "an integer >= 2"),
         ("--epochs", args.epochs, args.epochs is None or args.epochs >= 1, "an integer >= 1"),
-        ("--batch-size", args.batch_size, args.batch_size >= 1, "an integer >= 1"),
+        ("--batch_size", args.batch_size, args.batch_size >= 1, "an integer >= 1"),
         ("--beta", args.beta, 0 < args.beta < 1, "in (0, 1)"),
-        ("--salem-lr", args.salem_lr, math.isfinite(args.salem_lr) and args.salem_lr > 0, "> 0"),
+        ("--salem_lr", args.salem_lr, math.isfinite(args.salem_lr) and args.salem_lr > 0, "> 0"),
         ("--delta", args.delta, args.delta is None or 0 <= args.delta < 1, "in [0, 1)"),
         (
-            "--target-epsilon",
+            "--dp.target_epsilon",
             args.target_epsilon,
             args.target_epsilon is None or (math.isfinite(args.target_epsilon) and args.target_epsilon > 0),
             "> 0",
         ),
     ]
-    check_out(args.out)
+    check_out(args.out, args.overwrite)
     for flag, value, ok, expected in checks:
         if not ok:
             raise ValueError(f"{flag} must be {expected}, got {value!r}")
+    if args.wandb:
+        check_wandb_login()
 
 
 def _adjust(recipe: Recipe, args: argparse.Namespace) -> Recipe:
@@ -139,10 +179,16 @@ def _adjust(recipe: Recipe, args: argparse.Namespace) -> Recipe:
     return recipe.replace(**changes)
 
 
+def _label(args: argparse.Namespace) -> str:
+    """The run folder's name: the checkpoint's stem or zoo name, else the config's stem."""
+    source = Path(args.ckpt if args.ckpt is not None else args.config)
+    return source.stem if source.suffix in (".ckpt", ".yaml", ".yml") else str(source)
+
+
 def _finish(args: argparse.Namespace, out: Path, summary: str, metrics: dict, images: dict) -> None:
     written = [write_text(summary, out / "audit.md"), *images.values()]
     if args.wandb:
-        written.append(log_wandb(out, "audit", vars(args), metrics, images))
+        written.append(log_wandb(out, "audit", vars(args), metrics, images, **wandb_options(args)))
     print("\nwrote:")
     for path in written:
         if path is not None:
@@ -190,7 +236,7 @@ def _canary_mode(args: argparse.Namespace, device: str) -> None:
         metrics["canary/claimed_epsilon"] = report.claimed_epsilon
     if report.canary_roc is not None:
         metrics["canary/auc"] = report.canary_roc.auc
-    _finish(args, Path(args.out), summary, metrics, {})
+    _finish(args, run_folder(args.out, "audit", _label(args)), summary, metrics, {})
 
 
 def format_white_box_report(white: WhiteBoxReport, black: CanaryReport, label: str) -> str:
@@ -231,7 +277,7 @@ def _white_box_mode(args: argparse.Namespace, device: str) -> None:
         "white_box/claimed_epsilon": white.claimed_epsilon,
         "canary/epsilon_lower_bound": black.audit.epsilon_lower_bound,
     }
-    _finish(args, Path(args.out), summary, metrics, {})
+    _finish(args, run_folder(args.out, "audit", _label(args)), summary, metrics, {})
 
 
 # --------------------------------------------------------------------------------------------------- membership
@@ -262,7 +308,7 @@ def _shadow_recipe(args: argparse.Namespace, model: object, datamodule: object) 
         return _adjust(zoo_recipe(args.ckpt)[0], args)
     except ZooError as error:
         raise ValueError(
-            f"--ckpt {args.ckpt}: its training recipe is unavailable ({error}); pass --config CONFIG (e.g. "
+            f"--ckpt_path {args.ckpt}: its training recipe is unavailable ({error}); pass --config CONFIG (e.g. "
             "configs/erm/digits.yaml) so the shadow models can be trained like it"
         ) from error
 
@@ -295,7 +341,7 @@ def _membership_mode(args: argparse.Namespace, device: str) -> None:
     try:
         model = load_classifier(args.ckpt)
     except ZooError as error:
-        raise ValueError(f"--ckpt {args.ckpt!r} is not a usable zoo entry or checkpoint file: {error}") from error
+        raise ValueError(f"--ckpt_path {args.ckpt!r} is not a usable zoo entry or checkpoint file: {error}") from error
     datamodule = DATAMODULES[args.data](data_dir=args.data_dir, seed=args.split_seed)
     recipe = _shadow_recipe(args, model, datamodule) if {"shadow", "lira", SALEM} & set(attacks) else None
     summaries, curves, metrics = [], {}, {}
@@ -312,7 +358,7 @@ def _membership_mode(args: argparse.Namespace, device: str) -> None:
         metrics |= {f"membership/{SALEM}/recall@{t:g}": value for t, value in salem.recall.items()}
     summary = "\n\n".join(summaries)
     print(f"\n{args.ckpt} on {args.data}:\n\n{summary}")
-    out = Path(args.out)
+    out = run_folder(args.out, "audit", _label(args))
     title = Path(args.ckpt).stem if Path(args.ckpt).suffix == ".ckpt" else args.ckpt
     plot = plot_roc(curves, out / "roc.png", title=title)
     metrics |= {f"membership/{name}/{key}": value for name, m in curves.items() for key, value in m.summary().items()}

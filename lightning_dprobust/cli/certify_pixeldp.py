@@ -2,7 +2,7 @@
 
 For checkpoints whose module implements :class:`~lightning_dprobust.robustness.pixeldp.PixelDPMechanism` (StoBatch).
 Each ``--attack`` crafts adversarial inputs of size ``mu_a`` against the module's ``forward`` (whatever noise it
-includes), one run per ``--mu-a``; ``clean`` certifies the unattacked inputs at every ``--mu-a``. Reported, as in
+includes), one run per ``--mu_a``; ``clean`` certifies the unattacked inputs at every ``--mu_a``. Reported, as in
 Phan et al. (2020, Sec. 4): conventional accuracy (correct predictions) and certified accuracy (correct and radius
 ``>= mu_a``), under each attack.
 """
@@ -10,19 +10,21 @@ Phan et al. (2020, Sec. 4): conventional accuracy (correct predictions) and cert
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lightning_dprobust.cli.args import (
+    CommandParser,
     check_models_fit,
     load_models,
     load_split,
     report_paths,
     require,
     resolve_device,
+    run_folder,
+    wandb_options,
 )
 from lightning_dprobust.core.pixeldp import BOUNDS, CONDITIONS
 from lightning_dprobust.robustness.certify import single_label, write_csv
@@ -47,15 +49,20 @@ def add_pixeldp_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--psi", type=float, default=None, help="fresh-noise shrink factor for --condition strict (default: the ckpt's)"
     )
-    add("--mu-a", dest="mu_a", type=float, action="append", default=None, help="attack size in [0, 1] units; repeat")
-    add("--attack", action="append", default=None, metavar="NAME", help="attack crafted at each --mu-a; repeat")
+    group.add_argument(
+        "--mu_a", "--mu-a", dest="mu_a", type=float, action="append", default=None,
+        help="attack size in [0, 1] units; repeat",
+    )  # fmt: skip
+    if isinstance(parser, CommandParser):
+        parser.deprecated["--mu-a"] = "--mu_a"
+    add("--attack", action="append", default=None, metavar="NAME", help="attack crafted at each --mu_a; repeat")
     add("--steps", type=int, default=None, help="iterations of the attacks that take a step count")
 
 
 def pixeldp_flags_given(args: argparse.Namespace) -> list[str]:
     """The ``--method pixeldp`` flags present on the command line."""
     names = ("eta", "bound", "condition", "psi", "mu_a", "attack", "steps")
-    return [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) is not None]
+    return [f"--{name}" for name in names if getattr(args, name) is not None]
 
 
 def check_pixeldp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -70,7 +77,7 @@ def check_pixeldp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     require(args.skip >= 1, "--skip", args.skip, "an integer >= 1")
     require(0 < args.eta < 1, "--eta", args.eta, "in (0, 1)")
     require(args.psi is None or args.psi >= 1, "--psi", args.psi, "a number >= 1")
-    require(all(mu >= 0 for mu in args.mu_a), "--mu-a", args.mu_a, "numbers >= 0 (attack sizes in [0, 1] units)")
+    require(all(mu >= 0 for mu in args.mu_a), "--mu_a", args.mu_a, "numbers >= 0 (attack sizes in [0, 1] units)")
     require(args.steps is None or args.steps >= 1, "--steps", args.steps, "an integer >= 1")
 
 
@@ -85,7 +92,7 @@ def pixeldp_command(args: argparse.Namespace) -> None:
     indices = list(range(0, len(dataset), args.skip))[: args.max_examples]
     x = torch.stack([dataset[i][0] for i in indices])
     y = torch.tensor([single_label(dataset[i][1]) for i in indices])
-    out, metrics, written = Path(args.out), {}, []
+    out, metrics, written = run_folder(args.out, "certify", next(iter(models))), {}, []
     for label, model in models.items():
         rows, summary = _certify_model(model, psi[label], x, y, indices, attacks, args, num_classes)
         table = _table(summary)
@@ -96,7 +103,7 @@ def pixeldp_command(args: argparse.Namespace) -> None:
         ]
         metrics.update({f"{label}/{key}": value for key, value in summary.items()})
     if args.wandb:
-        written.append(log_wandb(out, "certify", vars(args), metrics))
+        written.append(log_wandb(out, "certify", vars(args), metrics, **wandb_options(args)))
     report_paths(written)
 
 
@@ -121,7 +128,7 @@ def _mechanisms(sources: list[str], device: torch.device) -> dict[str, nn.Module
     for model, source in zip(models.values(), sources, strict=True):
         if not isinstance(model, PixelDPMechanism):
             raise ValueError(
-                f"--ckpt {source}: {type(model).__name__} does not implement PixelDPMechanism (pixeldp_scores, "
+                f"--ckpt_path {source}: {type(model).__name__} does not implement PixelDPMechanism (pixeldp_scores, "
                 "pixeldp_radius_scale, pixeldp_attack_norm); --method pixeldp certifies models that inject their own "
                 "DP noise, such as StoBatch: use --method cohen for the others"
             )

@@ -50,3 +50,22 @@ def load_denoised_classifier(classifier: str, denoiser: str, map_location: str |
             f"--denoiser {denoiser!r} holds no denoiser: pass a TransDenoiser .ckpt or a zoo entry of kind denoiser"
         )
     return DenoisedClassifier(load_classifier(classifier, map_location), g).eval()
+
+
+def denoiser_provenance(denoiser: str) -> tuple[float | None, str | None]:
+    """The smoothing ``sigma`` a denoiser was trained for and the classifier it was trained in front of (a zoo name or
+    ``timm/<arch>``), from a TransDenoiser ``.ckpt``'s hyperparameters or a zoo denoiser entry's ``meta``; ``None``
+    where the source does not say."""
+    path = Path(denoiser)
+    if path.suffix == ".ckpt" or path.exists():
+        from lightning_dprobust.checkpoint_io import read_checkpoint
+
+        hparams = read_checkpoint(path).get("hyper_parameters") or {}
+        classifier = hparams.get("classifier")
+        sigma = hparams.get("sigma")
+        return (float(sigma) if sigma is not None else None), (classifier if isinstance(classifier, str) else None)
+    from lightning_dprobust import zoo
+
+    meta = zoo.info(denoiser).meta
+    sigma = (meta.get("smoothing") or {}).get("sigma")
+    return (float(sigma) if sigma is not None else None), meta.get("classifier")

@@ -1,4 +1,6 @@
-"""The ``dprobust`` command: ``fit|validate|test`` through LightningCLI, plus the evaluation subcommands."""
+"""The ``dprobust`` command: ``fit|validate|test`` through LightningCLI, plus the evaluation subcommands.
+
+Imports are lazy: ``dprobust --help``, ``--version`` and ``zoo list`` load neither torch nor Lightning."""
 
 from __future__ import annotations
 
@@ -7,19 +9,33 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
-
-from lightning_dprobust.data.base import DatasetNotFoundError
-from lightning_dprobust.recipes import DProbustCLI
-
-USER_ERRORS = (MisconfigurationException, DatasetNotFoundError, OSError, ValueError)
+USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 """Errors caused by a bad configuration or missing, unreadable or misplaced files (``OSError``: a folder where a
-file should be, a file where a folder should be, no permission): reported in one line, exit status 2."""
+file should be, a file where a folder should be, no permission): reported in one line, exit status 2. Lightning's
+``MisconfigurationException`` and ``DatasetNotFoundError`` join them once loaded (:func:`user_errors`)."""
+
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """:data:`USER_ERRORS` plus Lightning's and the data modules' error classes when those modules are loaded (a
+    command that never imported them cannot raise them)."""
+    errors = list(USER_ERRORS)
+    for module, name in (
+        ("lightning.pytorch.utilities.exceptions", "MisconfigurationException"),
+        ("lightning_dprobust.data.base", "DatasetNotFoundError"),
+    ):
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
 
 
 def run_lightning(args: Sequence[str]) -> None:
     """``fit|validate|test`` through :class:`DProbustCLI`; ``args`` is the whole command line, so LightningCLI's
     warning about ``args`` given next to ``sys.argv`` does not apply."""
+    from lightning_dprobust.recipes import DProbustCLI
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         warnings.filterwarnings("ignore", message=".*LeafSpec")  # a deprecation inside Lightning, on every fit
@@ -51,7 +67,7 @@ def _run_subcommand(name: str, args: Sequence[str]) -> None:
     command(name)(args)
 
 
-HELP = """usage: dprobust {fit,validate,test,certify,attack,audit,zoo} [--help] ...
+HELP = """usage: dprobust {fit,validate,test,certify,attack,audit,zoo,synthesize} [--help] [--version] ...
 
 Differentially private and adversarially robust models: train, evaluate, audit, and share them.
 
@@ -63,9 +79,13 @@ subcommands:
   attack     clean and robust accuracy under adversarial attacks
   audit      membership-inference attacks on a checkpoint, or a one-run canary audit of a training config
   zoo        list, download, inspect and build the pretrained checkpoints
-  synthesize synthetic EHRs from an IGAMT checkpoint, as a long-format CSV
+  synthesize synthetic EHRs from an IGAMT or EHR baseline checkpoint, release or zoo entry, as a CSV
 
-Run `dprobust SUBCOMMAND --help` for its flags."""
+Every subcommand spells the same things the same way: --config, --ckpt_path, --data.*, --seed, --out, --overwrite,
+--batch_size, --wandb.project/--wandb.entity/--wandb.group. Evaluation outputs go to a new folder per run; nothing
+is overwritten without --overwrite.
+
+Run `dprobust SUBCOMMAND --help` for its flags; `dprobust --version` prints the version."""
 """``dprobust --help``: every subcommand (LightningCLI's own help would list only fit/validate/test)."""
 
 
@@ -75,12 +95,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(HELP)
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from lightning_dprobust import __version__
+
+        print(f"dprobust {__version__}")
+        return 0
     try:
         if args[0] in SUBCOMMANDS:
             _run_subcommand(args[0], args[1:])
         else:
             run_lightning(args)
-    except USER_ERRORS as error:
+    except KeyboardInterrupt as interrupt:
+        message = getattr(interrupt, "message", None) or "interrupted (Ctrl-C); results not yet written are lost"
+        print(f"dprobust: {message}", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as error:
+        if not isinstance(error, user_errors()):
+            raise
         print(f"dprobust: error: {describe(_root_cause(error))}", file=sys.stderr)
         return 2
     return 0
@@ -100,7 +131,7 @@ def describe(error: BaseException) -> str:
 def _root_cause(error: BaseException) -> BaseException:
     """The user error itself when jsonargparse wrapped it (a refused class argument) in a report of every type tried."""
     cause = error.__cause__ or error.__context__
-    while _raised_in_jsonargparse(error) and isinstance(cause, USER_ERRORS):
+    while _raised_in_jsonargparse(error) and isinstance(cause, user_errors()):
         error, cause = cause, cause.__cause__ or cause.__context__
     return error
 

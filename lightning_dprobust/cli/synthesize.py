@@ -44,18 +44,22 @@ def _parser() -> CommandParser:
         prog="dprobust synthesize", description="Synthetic EHRs from an IGAMT checkpoint or release, as a CSV."
     )
     add = parser.add_argument
-    add(
+    parser.add_flag(
+        "--ckpt_path",
         "--ckpt",
+        dest="ckpt",
         required=True,
         help="an IGAMT or EHR baseline .ckpt (from dprobust fit), a release file (ReleasedSynthesizer) or a zoo name "
         "(e.g. igamt.dp_synthetic_ehr_s10)",
     )
     add("--n", type=int, default=1000, help="number of synthetic patients (default: 1000)")
     add("--out", required=True, help="the CSV file to write (an existing file only with --overwrite)")
-    add("--overwrite", action="store_true", help="replace --out if it exists (never the --ckpt file)")
+    add("--overwrite", action="store_true", help="replace --out if it exists (never the --ckpt_path file)")
     add("--steps", type=int, default=None, help="temporal steps per patient (default: the model's max_steps)")
     add("--seed", type=int, default=None, help="seed of the synthesis draws (default: fresh entropy)")
-    add("--batch_size", type=int, default=256, help="patients synthesized at once (default: 256)")
+    parser.add_flag(
+        "--batch_size", "--batch-size", type=int, default=256, help="patients synthesized at once (default: 256)"
+    )
     add("--mask", choices=("bernoulli", "threshold"), default="bernoulli", help="masks to observations (see assemble)")
     return parser
 
@@ -97,25 +101,27 @@ def _zoo_release(name: str) -> ReleasedSynthesizer:
     zoo = Zoo()
     if name not in zoo.entries():
         raise FileNotFoundError(
-            f"--ckpt {name} does not exist as a file and is not a zoo entry (see `dprobust zoo list`)"
+            f"--ckpt_path {name} does not exist as a file and is not a zoo entry (see `dprobust zoo list`)"
         )
     try:
         model = zoo.load(name)
     except ZooError as error:
-        raise ValueError(f"--ckpt {name}: {error}") from error
+        raise ValueError(f"--ckpt_path {name}: {error}") from error
     if not isinstance(model, ReleasedSynthesizer):
-        raise ValueError(f"--ckpt {name} is a zoo entry but not an EHR synthesizer (it is a {type(model).__name__})")
+        raise ValueError(
+            f"--ckpt_path {name} is a zoo entry but not an EHR synthesizer (it is a {type(model).__name__})"
+        )
     return model
 
 
 def synthesize_command(argv: Sequence[str]) -> None:
-    """``dprobust synthesize --ckpt ... --n 1000 --out file.csv``."""
+    """``dprobust synthesize --ckpt_path ... --n 1000 --out file.csv``."""
     args = _parser().parse_args(argv)
     require(args.n >= 1, "--n", args.n, "an integer >= 1")
     require(args.batch_size >= 1, "--batch_size", args.batch_size, "an integer >= 1")
     check_target(Path(args.out), Path(args.ckpt), args.overwrite)
     release = load_release(args.ckpt)
-    steps = args.steps or release.config["max_steps"]
+    steps = release.config["max_steps"] if args.steps is None else args.steps
     require(1 <= steps <= release.config["max_steps"], "--steps", steps, f"in 1..{release.config['max_steps']}")
     generator = torch.Generator()
     if args.seed is None:
@@ -134,7 +140,7 @@ def check_target(out: Path, source: Path, overwrite: bool) -> None:
     """Never destroy work: ``--out`` is not the source checkpoint or release, and not an existing file unless
     ``--overwrite``."""
     if source.exists() and out.exists() and out.resolve() == source.resolve():
-        raise ValueError(f"--out {out} is the --ckpt file itself: write the CSV elsewhere")
+        raise ValueError(f"--out {out} is the --ckpt_path file itself: write the CSV elsewhere")
     if out.exists() and not overwrite:
         raise ValueError(f"--out {out} exists: pass another path, or --overwrite to replace it")
     if out.is_dir():

@@ -21,11 +21,8 @@ import torch
 from torch.utils.data import Sampler
 from torch.utils.data._utils.collate import default_collate
 
-SECRET_LABEL = "secret"
-SEEDED_LABEL = "reproducibility mode, seed known: no guarantee against whoever holds the config"
-"""What every privacy record (console, logger, zoo entry) says of a seeded run: the seed is in its config, and from
-it the masks and the noise of every step can be regenerated, so the run's epsilon does not hold against whoever has
-read that config."""
+from lightning_dprobust.core.labels import SECRET_LABEL as SECRET_LABEL  # re-exported: the labels live in a
+from lightning_dprobust.core.labels import SEEDED_LABEL as SEEDED_LABEL  # torch-free module (zoo catalog)
 
 
 class PoissonBatchSampler(Sampler[list[int]]):

@@ -45,6 +45,7 @@ def certify_dataset(
     progress: bool = True,
     num_classes: int | None = None,
     desc: str = "certify",
+    rows: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run :meth:`~lightning_dprobust.core.smoothing.Smooth.certify` on every ``skip``-th example of ``dataset``.
 
@@ -71,6 +72,8 @@ def certify_dataset(
         progress: show a tqdm progress bar.
         num_classes: number of logits; inferred from one clean forward pass when ``None``.
         desc: label of the progress bar.
+        rows: the list the rows are appended to as each example finishes (default: a new one), so that a caller
+            interrupted mid-way (Ctrl-C) still holds the finished rows.
 
     Returns:
         One dict per certified example with the keys of :data:`CSV_COLUMNS`; ``prediction`` is ``-1`` and
@@ -81,11 +84,11 @@ def certify_dataset(
     """
     indices = _selected_indices(len(dataset), skip, max_examples)
     if not indices:
-        return []
+        return [] if rows is None else rows
     device = _device_of(model)
     generator = torch.Generator(device=device).manual_seed(seed)
     smooth = Smooth(model, num_classes or _count_logits(model, dataset[0][0], device), sigma)
-    rows = []
+    rows = [] if rows is None else rows
     for index in tqdm(indices, desc=desc, disable=not progress, unit="example"):
         image, label = dataset[index][:2]
         label = single_label(label)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import netrc
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,14 +49,36 @@ def write_text(text: str, path: str | os.PathLike) -> Path:
     return path
 
 
+def check_wandb_login(flag: str = "--no-wandb") -> None:
+    """Refuse, before any work, an online W&B run without an API key (``WANDB_API_KEY`` or ``wandb login``): W&B
+    would otherwise fail at the end of the run with a traceback, or stop to ask for a key."""
+    if os.environ.get("WANDB_MODE", "offline") != "online" or os.environ.get("WANDB_API_KEY"):
+        return
+    try:
+        netrc_file = os.environ.get("NETRC") or str(Path.home() / ".netrc")
+        host = (os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").split("://")[-1].split("/")[0]
+        if netrc.netrc(netrc_file).authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise ValueError(
+        f"WANDB_MODE=online but no W&B API key is set: run `wandb login`, set WANDB_API_KEY, unset WANDB_MODE to log "
+        f"offline, or pass {flag}"
+    )
+
+
 def log_wandb(
     out_dir: str | os.PathLike,
     job_type: str,
     config: Mapping[str, Any],
     metrics: Mapping[str, float],
     images: Mapping[str, str | os.PathLike] | None = None,
+    project: str | None = None,
+    entity: str | None = None,
+    group: str | None = None,
 ) -> Path | None:
-    """Log ``metrics`` (and PNG ``images`` as ``wandb.Image``) in one W&B run under ``out_dir/wandb``.
+    """Log ``metrics`` (and PNG ``images`` as ``wandb.Image``) in one W&B run under ``out_dir/wandb``, in ``project``
+    (default ``dprobust``), ``entity`` (default: the user's) and ``group``.
 
     The run is offline unless the environment sets ``WANDB_MODE`` (``online``, ``disabled``, ...); an offline run
     can be uploaded later with ``wandb sync``. Returns the run's folder, or ``None`` when W&B is disabled.
@@ -65,7 +88,15 @@ def log_wandb(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = os.environ.get("WANDB_MODE", "offline")
-    run = wandb.init(mode=mode, dir=out_dir, project=WANDB_PROJECT, job_type=job_type, config=dict(config))
+    run = wandb.init(
+        mode=mode,
+        dir=out_dir,
+        project=project or WANDB_PROJECT,
+        entity=entity,
+        group=group,
+        job_type=job_type,
+        config=dict(config),
+    )
     try:
         payload: dict[str, Any] = dict(metrics)
         payload.update({key: wandb.Image(str(path)) for key, path in (images or {}).items()})

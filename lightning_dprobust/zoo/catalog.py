@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from torch import nn
 
-from lightning_dprobust.core.sampling import SECRET_LABEL, SEEDED_LABEL
-from lightning_dprobust.models import create_model
-from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
+from lightning_dprobust.core.labels import SECRET_LABEL, SEEDED_LABEL
+
+if TYPE_CHECKING:  # the catalog is read without torch (``dprobust zoo list``); models are imported to build one
+    from torch import nn
 
 STATUSES = ("shipped", "recipe")
 KINDS = ("classifier", "denoiser", "attack", "generator")
@@ -119,6 +119,9 @@ class Entry:
     def build_model(self) -> nn.Module:
         """The entry's architecture with fresh weights (see :func:`lightning_dprobust.models.create_model`; a
         generator's is a :class:`~lightning_dprobust.models.ehr_release.ReleasedSynthesizer`)."""
+        from lightning_dprobust.models import create_model
+        from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
+
         if self.kind == "generator":
             return ReleasedSynthesizer(self.model["kwargs"])
         return create_model(self.model["name"], **self.model["kwargs"])

@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import hashlib
@@ -37,14 +38,14 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where weights are read: listing the catalog needs none
+    import torch
+    from torch import nn
+
 import yaml
-from torch import nn
-from tqdm.auto import tqdm
 
-from lightning_dprobust.models.denoised import DenoisedClassifier
 from lightning_dprobust.paths import shipped_root
 from lightning_dprobust.zoo.catalog import (
     CatalogError,
@@ -63,7 +64,8 @@ HOME_ENV = "DPROBUST_HOME"
 URL_ENV = "DPROBUST_ZOO_URL"
 _CHUNK = 1 << 16
 _TIMEOUT_S = 60.0
-"""Seconds a single read may wait."""
+"""Seconds a single read may wait, and the most a chunk of ``_CHUNK`` bytes may take to arrive (a mirror that drips
+a byte at a time is abandoned after this long, not after :data:`DEADLINE_S`)."""
 DEADLINE_S = 900.0
 """Seconds a whole download may take."""
 _BYTES_PER_PARAM, _SLACK_BYTES = 8, 1 << 20
@@ -180,6 +182,8 @@ class Zoo:
         model = entry.build_model()
         fit_state_dict(model, state, f"the weights of {name!r} do not fit its model {entry.model['name']}")
         if entry.kind == "denoiser":
+            from lightning_dprobust.models.denoised import DenoisedClassifier
+
             return DenoisedClassifier(self.load(entry.meta["classifier"]), model).eval()
         if entry.kind == "attack":  # an AIN generator takes (images, labels): no normalization layer in front
             return model.net.eval()
@@ -195,6 +199,7 @@ def max_download_bytes(entry: Entry) -> int | None:
 def _fetch(url: str, target: Path, sha256: str, max_bytes: int | None = None) -> None:
     """Download ``url`` to ``target`` through a temporary file that is hashed, then moved into place atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_parts(target)
     handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
@@ -209,26 +214,48 @@ def _fetch(url: str, target: Path, sha256: str, max_bytes: int | None = None) ->
         Path(partial).unlink(missing_ok=True)
 
 
+def _remove_stale_parts(target: Path) -> None:
+    """Delete the ``.part`` files an earlier download of ``target`` left when it was killed (SIGKILL, power loss:
+    no ``finally`` ran) and that no download can still be writing (older than :data:`DEADLINE_S`)."""
+    for part in target.parent.glob(f".{target.name}.*.part"):
+        with contextlib.suppress(OSError):
+            if time.time() - part.stat().st_mtime > DEADLINE_S:
+                part.unlink()
+
+
 def _copy(url: str, stream: Any, max_bytes: int | None, deadline: float) -> str:
     """Stream ``url`` into ``stream`` with a progress bar (on a terminal); return the hex SHA-256 of what was received.
 
     A body announced or found larger than ``max_bytes`` is refused as soon as that is known, and a transfer still
     running at ``deadline`` (``time.monotonic()``) is abandoned: both raise ``DownloadError``, as do network errors.
     """
+    from tqdm.auto import tqdm
+
     digest, received, expected = hashlib.sha256(), 0, None
     try:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
             expected = response.headers.get("Content-Length")
             _check_size(url, int(expected) if expected is not None else 0, max_bytes)
             total = int(expected) if expected is not None else None
+            read = getattr(response, "read1", response.read)  # read1: what has arrived, never waits to fill a chunk
             with tqdm(total=total, unit="B", unit_scale=True, desc=Path(url).name, disable=None, leave=False) as bar:
-                while chunk := response.read(_CHUNK):
+                chunk_started, chunk_bytes = time.monotonic(), 0
+                while chunk := read(_CHUNK):
                     received += len(chunk)
+                    chunk_bytes += len(chunk)
                     _check_size(url, received, max_bytes)
-                    if time.monotonic() > deadline:
+                    now = time.monotonic()
+                    if now > deadline:
                         raise DownloadError(
                             f"downloading {url} did not finish within {DEADLINE_S:g} s ({received} bytes came); "
                             f"nothing was cached. Try again on a faster connection, or set ${URL_ENV} to a nearer one"
+                        )
+                    if chunk_bytes >= _CHUNK:
+                        chunk_started, chunk_bytes = now, 0
+                    elif now - chunk_started > _TIMEOUT_S:
+                        raise DownloadError(
+                            f"downloading {url} stalled: fewer than {_CHUNK} bytes in {_TIMEOUT_S:g} s ({received} "
+                            f"bytes came in all); nothing was cached. Try again, or set ${URL_ENV} to another mirror"
                         )
                     digest.update(chunk)
                     stream.write(chunk)
@@ -263,6 +290,8 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         UnsafeCheckpointError: if the file needs arbitrary unpickling (classes, functions: code) or does not hold
             a flat mapping of names to tensors.
     """
+    import torch
+
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file

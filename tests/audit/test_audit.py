@@ -279,7 +279,7 @@ def test_cli_canary_audit_prints_the_claimed_epsilon_and_the_bound(tmp_path, cap
 
 
 def test_cli_membership_audit_logs_the_loss_auc_it_prints(checkpoint, tmp_path, capsys):
-    assert main(["audit", "--ckpt", str(checkpoint), "--attack", "loss", "--out", str(tmp_path)]) == 0
+    assert main(["audit", "--ckpt_path", str(checkpoint), "--attack", "loss", "--out", str(tmp_path)]) == 0
     data = digits()
     data.setup()
     run_file = wandb_run_file(tmp_path)
@@ -299,7 +299,7 @@ def test_cli_membership_audit_logs_the_loss_auc_it_prints(checkpoint, tmp_path, 
 
 
 def test_cli_membership_audit_trains_shadows_from_the_checkpoint_hyperparameters(checkpoint, tmp_path, capsys):
-    argv = ["audit", "--ckpt", str(checkpoint), "--shadows", "2", "--epochs", "1", "--out", str(tmp_path)]
+    argv = ["audit", "--ckpt_path", str(checkpoint), "--shadows", "2", "--epochs", "1", "--out", str(tmp_path)]
     assert main([*argv, "--no-wandb"]) == 0
     printed = capsys.readouterr().out
     assert all(f"| {name} |" in printed for name in ("loss", "shadow", "lira"))
@@ -314,11 +314,11 @@ def test_cli_membership_audit_trains_shadows_from_the_checkpoint_hyperparameters
         ["--config", CONFIG, "--canaries", "1"],
         ["--config", CONFIG, "--canaries", "10", "--beta", "1.5"],
         ["--config", "missing.yaml", "--canaries", "10"],
-        ["--ckpt", "CKPT", "--config", CONFIG, "--canaries", "10"],
-        ["--ckpt", "CKPT", "--shadows", "1"],
-        ["--ckpt", "CKPT", "--attack", "bogus"],
-        ["--ckpt", "missing.ckpt"],
-        ["--ckpt", "CKPT", "--bogus-flag"],
+        ["--ckpt_path", "CKPT", "--config", CONFIG, "--canaries", "10"],
+        ["--ckpt_path", "CKPT", "--shadows", "1"],
+        ["--ckpt_path", "CKPT", "--attack", "bogus"],
+        ["--ckpt_path", "missing.ckpt"],
+        ["--ckpt_path", "CKPT", "--bogus-flag"],
     ],
 )
 def test_cli_bad_flags_exit_2_with_a_one_line_message(flags, checkpoint, tmp_path, capsys):

@@ -34,7 +34,7 @@ def test_salem_audit_of_an_ensemble_checkpoint_trains_one_shadow_like_it(tmp_pat
     train_classifier = runner.train_classifier
     monkeypatch.setattr(runner, "train_classifier", recording)
     out = tmp_path / "audit"
-    argv = ["audit", "--ckpt", str(tmp_path / "rp.ckpt"), "--attack", "salem", "--epochs", "1", "--out", str(out)]
+    argv = ["audit", "--ckpt_path", str(tmp_path / "rp.ckpt"), "--attack", "salem", "--epochs", "1", "--out", str(out)]
     assert main([*argv, "--no-wandb"]) == 0
     printed = capsys.readouterr().out
     [shadow] = shadows
@@ -58,7 +58,7 @@ def test_a_collapsed_attack_is_reported_as_no_signal_not_as_privacy():
 
 @pytest.mark.parametrize("value", ["0", "-0.1", "nan"])
 def test_bad_salem_lr_exits_2_in_one_line(value, tmp_path, capsys):
-    argv = ["audit", "--ckpt", "x.ckpt", "--attack", "salem", "--salem-lr", value, "--out", str(tmp_path)]
+    argv = ["audit", "--ckpt_path", "x.ckpt", "--attack", "salem", "--salem_lr", value, "--out", str(tmp_path)]
     assert main([*argv, "--no-wandb"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("dprobust: error: --salem-lr must be > 0") and error.count("\n") == 1
+    assert error.startswith("dprobust: error: --salem_lr must be > 0") and error.count("\n") == 1

@@ -1,4 +1,4 @@
-"""``dprobust audit --white-box``: the white-box bound printed next to the black-box bound and the claimed epsilon."""
+"""``dprobust audit --white_box``: the white-box bound printed next to the black-box bound and the claimed epsilon."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpsgd" / "digits
 
 
 def test_cli_white_box_audit_prints_both_bounds_and_the_claim(tmp_path, capsys):
-    argv = ["audit", "--config", CONFIG, "--white-box", "--gradient-canaries", "100", "--canaries", "20"]
+    argv = ["audit", "--config", CONFIG, "--white_box", "--gradient_canaries", "100", "--canaries", "20"]
     assert main([*argv, "--epochs", "1", "--out", str(tmp_path), "--no-wandb"]) == 0
     printed = capsys.readouterr().out
     assert "claimed epsilon: 2.9" in printed or "claimed epsilon: 3.0" in printed
@@ -24,10 +24,10 @@ def test_cli_white_box_audit_prints_both_bounds_and_the_claim(tmp_path, capsys):
 @pytest.mark.parametrize(
     "flags",
     [
-        ["--white-box"],
-        ["--config", CONFIG, "--white-box", "--no-dp"],
-        ["--config", CONFIG, "--white-box", "--gradient-canaries", "1"],
-        ["--ckpt", "model.ckpt", "--config", CONFIG, "--white-box"],
+        ["--white_box"],
+        ["--config", CONFIG, "--white_box", "--no_dp"],
+        ["--config", CONFIG, "--white_box", "--gradient_canaries", "1"],
+        ["--ckpt_path", "model.ckpt", "--config", CONFIG, "--white_box"],
     ],
 )
 def test_cli_white_box_bad_flags_exit_2_with_a_one_line_message(flags, tmp_path, capsys):

@@ -53,8 +53,8 @@ def test_fit_logs_config_metrics_and_example_images_to_wandb(fitted):
 def test_attack_runs_a_trained_ain_checkpoint(fitted, tmp_path, capsys):
     folder, _ = fitted
     (ckpt,) = folder.glob("runs/ain-digits/**/last.ckpt")
-    args = ["attack", "--ckpt", "mlp_tanh.erm_digits", "--attack", "AIN", "--attack", "FGSM", "--ain", str(ckpt)]
-    small = ["--eps", "0.5", "--max-examples", "32", "--no-wandb", "--device", "cpu", "--out", str(tmp_path)]
+    args = ["attack", "--ckpt_path", "mlp_tanh.erm_digits", "--attack", "AIN", "--attack", "FGSM", "--ain", str(ckpt)]
+    small = ["--eps", "0.5", "--max_examples", "32", "--no-wandb", "--device", "cpu", "--out", str(tmp_path)]
     assert main([*args, *small]) == 0
     table = (tmp_path / "mlp_tanh.erm_digits" / "attack.md").read_text()
     assert "| AIN " in table and "| FGSM " in table
@@ -69,7 +69,7 @@ def test_attack_runs_a_trained_ain_checkpoint(fitted, tmp_path, capsys):
     ],
 )
 def test_attack_refuses_a_missing_or_wrong_ain_with_one_line(extra, message, tmp_path, capsys):
-    small = ["--eps", "0.5", "--max-examples", "8", "--no-wandb", "--device", "cpu", "--out", str(tmp_path)]
-    assert main(["attack", "--ckpt", "mlp_tanh.erm_digits", *extra, *small]) == 2
+    small = ["--eps", "0.5", "--max_examples", "8", "--no-wandb", "--device", "cpu", "--out", str(tmp_path)]
+    assert main(["attack", "--ckpt_path", "mlp_tanh.erm_digits", *extra, *small]) == 2
     error = capsys.readouterr().err.strip()
     assert message in error and len(error.splitlines()) == 1

@@ -23,7 +23,7 @@ from tests.helpers import digits, quiet_trainer, read_wandb_history, wandb_run_f
 from tests.robustness.pixeldp_toys import ToyPixelDPClassifier
 
 SKIP, MU_A = 12, (0.001, 0.05)  # the toy's radii are about 0.002 at n = 60
-SMALL = ("--n", "60", "--skip", str(SKIP), "--batch-size", "600", "--no-progress", "--device", "cpu", "--seed", "2")
+SMALL = ("--n", "60", "--skip", str(SKIP), "--batch_size", "600", "--no-progress", "--device", "cpu", "--seed", "2")
 MODEL = {"model": "mlp_tanh", "num_classes": 10, "input_shape": (1, 8, 8), "optimizer": "adam", "lr": 0.01}
 
 
@@ -42,8 +42,8 @@ def toy_ckpt(tmp_path_factory) -> Path:
 
 
 def certify(out: Path, ckpt: Path, *extra: str) -> int:
-    mu = [item for value in MU_A for item in ("--mu-a", str(value))]
-    return main(["certify", "--method", "pixeldp", "--ckpt", str(ckpt), *SMALL, *mu, "--out", str(out), *extra])
+    mu = [item for value in MU_A for item in ("--mu_a", str(value))]
+    return main(["certify", "--method", "pixeldp", "--ckpt_path", str(ckpt), *SMALL, *mu, "--out", str(out), *extra])
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -118,7 +118,7 @@ def test_each_attack_is_certified_at_each_attack_size_and_logged(toy_ckpt, tmp_p
     [
         (("--eta", "1.5"), "--eta"),
         (("--n", "0"), "--n"),
-        (("--mu-a", "-0.1"), "--mu-a"),
+        (("--mu_a", "-0.1"), "--mu_a"),
         (("--psi", "0.5"), "--psi"),
         (("--sigma", "0.5"), "--sigma"),
         (("--condition", "strict", "--psi", "3"), "--psi"),
@@ -135,7 +135,7 @@ def test_bad_pixeldp_flags_exit_2_naming_the_flag(toy_ckpt, tmp_path, capsys, fl
 
 
 def test_pixeldp_flags_are_refused_with_the_default_cohen_method(toy_ckpt, tmp_path, capsys):
-    assert main(["certify", "--ckpt", str(toy_ckpt), "--eta", "0.05", "--out", str(tmp_path), "--no-wandb"]) == 2
+    assert main(["certify", "--ckpt_path", str(toy_ckpt), "--eta", "0.05", "--out", str(tmp_path), "--no-wandb"]) == 2
     assert "--eta" in capsys.readouterr().err
 
 

@@ -22,7 +22,7 @@ from tests.helpers import digits, quiet_trainer, read_wandb_history, wandb_run_f
 RADII = {"0": 0.0, "0.25": 0.25, "0.5": 0.5, "0.75": 0.75, "1": 1.0}
 SKIP = 20
 ROUNDING = 6e-5  # tables show 2 decimals of a percentage (4 of ACR): half a unit in the last place, plus slack
-SMALL = ("--n0", "20", "--n", "200", "--skip", str(SKIP), "--batch-size", "100", "--no-progress", "--device", "cpu")
+SMALL = ("--n0", "20", "--n", "200", "--skip", str(SKIP), "--batch_size", "100", "--no-progress", "--device", "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def digits_test_split() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def certify(out: Path, *ckpts: Path, extra: tuple[str, ...] = ("--no-wandb",)) -> int:
-    flags = [item for ckpt in ckpts for item in ("--ckpt", str(ckpt))]
+    flags = [item for ckpt in ckpts for item in ("--ckpt_path", str(ckpt))]
     return main(["certify", *flags, *SMALL, "--out", str(out), *extra])
 
 
@@ -127,7 +127,7 @@ def test_certify_logs_the_summary_and_the_plot_to_an_offline_wandb_run(checkpoin
         (("--n0", "0"), "--n0"),
         (("--n", "0"), "--n"),
         (("--skip", "0"), "--skip"),
-        (("--max-examples", "0"), "--max-examples"),
+        (("--max_examples", "0"), "--max_examples"),
         (("--data", "no_such_data"), "--data"),
     ],
 )
@@ -142,7 +142,7 @@ def test_a_missing_checkpoint_exits_2_naming_the_file(checkpoints, tmp_path, cap
     missing = tmp_path / "missing.ckpt"
     assert certify(tmp_path / "out", checkpoints[1], missing) == 2
     message = capsys.readouterr().err
-    assert str(missing) in message and "--ckpt" in message
+    assert str(missing) in message and "--ckpt_path" in message
     assert not (tmp_path / "out").exists()
 
 
@@ -150,8 +150,10 @@ def test_attack_reports_clean_and_each_attack_and_logs_them(
     checkpoints, digits_test_split, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    flags = ["--attack", "FGSM", "--attack", "pgd", "--eps", "0.1", "--steps", "5", "--max-examples", "64"]
-    assert main(["attack", "--ckpt", str(checkpoints[1]), *flags, "--batch-size", "32", "--out", str(tmp_path)]) == 0
+    flags = ["--attack", "FGSM", "--attack", "pgd", "--eps", "0.1", "--steps", "5", "--max_examples", "64"]
+    assert (
+        main(["attack", "--ckpt_path", str(checkpoints[1]), *flags, "--batch_size", "32", "--out", str(tmp_path)]) == 0
+    )
     header, *rows = table(tmp_path / "epoch1" / "attack.md")
     accuracy = {name: float(value) / 100 for name, value in rows}
     assert header == ["attack", "accuracy (%)"] and list(accuracy) == ["clean", "FGSM", "PGD"]
@@ -169,7 +171,9 @@ def test_attack_reports_clean_and_each_attack_and_logs_them(
 
 @pytest.mark.parametrize(("flags", "named"), [(("--attack", "nope"), "--attack"), (("--eps", "-0.1"), "--eps")])
 def test_bad_attack_flags_exit_2_naming_the_flag(checkpoints, tmp_path, capsys, flags, named):
-    assert main(["attack", "--ckpt", str(checkpoints[1]), *flags, "--out", str(tmp_path / "out"), "--no-wandb"]) == 2
+    assert (
+        main(["attack", "--ckpt_path", str(checkpoints[1]), *flags, "--out", str(tmp_path / "out"), "--no-wandb"]) == 2
+    )
     message = capsys.readouterr().err
     assert named in message and "Traceback" not in message
 
@@ -188,7 +192,7 @@ def attack_outputs(monkeypatch, cls) -> list[torch.Tensor]:
 
 def test_an_attack_gives_the_same_views_whatever_other_attacks_are_requested(checkpoints, tmp_path, monkeypatch):
     outputs = attack_outputs(monkeypatch, torchattacks.PGD)
-    common = ["--ckpt", str(checkpoints[1]), "--eps", "0.1", "--steps", "2", "--max-examples", "32", "--no-wandb"]
+    common = ["--ckpt_path", str(checkpoints[1]), "--eps", "0.1", "--steps", "2", "--max_examples", "32", "--no-wandb"]
     for others in ([], ["--attack", "PGDL2", "--attack", "FGSM"]):
         assert main(["attack", *common, *others, "--attack", "PGD", "--out", str(tmp_path / str(len(others)))]) == 0
     assert len(outputs) == 2 and torch.equal(outputs[0], outputs[1])
@@ -204,6 +208,6 @@ def test_cw_honours_steps(checkpoints, tmp_path, monkeypatch):
         steps.append(self.steps)
 
     monkeypatch.setattr(torchattacks.CW, "__init__", recording)
-    flags = ["--attack", "CW", "--steps", "3", "--max-examples", "8", "--no-wandb", "--out", str(tmp_path)]
-    assert main(["attack", "--ckpt", str(checkpoints[1]), *flags]) == 0
+    flags = ["--attack", "CW", "--steps", "3", "--max_examples", "8", "--no-wandb", "--out", str(tmp_path)]
+    assert main(["attack", "--ckpt_path", str(checkpoints[1]), *flags]) == 0
     assert steps == [3]

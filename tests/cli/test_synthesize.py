@@ -45,7 +45,9 @@ def read(path):
 def test_csv_in_scaled_units_matches_the_release(checkpoint, tmp_path, capsys):
     out = tmp_path / "synthetic.csv"
     assert (
-        main(["synthesize", "--ckpt", str(checkpoint / "plain.ckpt"), "--n", "7", "--out", str(out), "--seed", "3"])
+        main(
+            ["synthesize", "--ckpt_path", str(checkpoint / "plain.ckpt"), "--n", "7", "--out", str(out), "--seed", "3"]
+        )
         == 0
     )
     assert SCALED_NOTE in capsys.readouterr().out
@@ -63,7 +65,9 @@ def test_csv_in_scaled_units_matches_the_release(checkpoint, tmp_path, capsys):
 def test_csv_in_raw_units_with_the_schema(checkpoint, tmp_path, capsys):
     out = tmp_path / "raw.csv"
     assert (
-        main(["synthesize", "--ckpt", str(checkpoint / "schema.ckpt"), "--n", "5", "--out", str(out), "--seed", "1"])
+        main(
+            ["synthesize", "--ckpt_path", str(checkpoint / "schema.ckpt"), "--n", "5", "--out", str(out), "--seed", "1"]
+        )
         == 0
     )
     printed = capsys.readouterr().out
@@ -84,10 +88,11 @@ def test_csv_in_raw_units_with_the_schema(checkpoint, tmp_path, capsys):
     [
         (["--n", "0"], "--n"),
         (["--steps", "99"], "--steps"),
+        (["--steps", "0"], "--steps"),  # 0 was read as "the model's max_steps"
     ],
 )
 def test_bad_flags_are_refused_in_one_line(checkpoint, tmp_path, capsys, flags, message):
-    argv = ["synthesize", "--ckpt", str(checkpoint / "plain.ckpt"), "--out", str(tmp_path / "a.csv"), *flags]
+    argv = ["synthesize", "--ckpt_path", str(checkpoint / "plain.ckpt"), "--out", str(tmp_path / "a.csv"), *flags]
     assert main(argv) == 2
     error = capsys.readouterr().err.strip()
     assert message in error and "\n" not in error
@@ -100,10 +105,10 @@ def test_the_note_names_the_scalers_read_from_the_training_records():
 
 
 def test_missing_or_foreign_checkpoints_are_refused(tmp_path, capsys):
-    assert main(["synthesize", "--ckpt", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
+    assert main(["synthesize", "--ckpt_path", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
     assert "does not exist" in capsys.readouterr().err
     torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, tmp_path / "other.ckpt")
-    assert main(["synthesize", "--ckpt", str(tmp_path / "other.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
+    assert main(["synthesize", "--ckpt_path", str(tmp_path / "other.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
     assert "neither an IGAMT checkpoint" in capsys.readouterr().err
 
 
@@ -116,27 +121,27 @@ def test_a_checkpoint_written_by_dprobust_fit_synthesizes(tmp_path, monkeypatch,
     assert main([*fit, "--trainer.enable_progress_bar", "false"]) == 0
     (last,) = tmp_path.glob("runs/*/checkpoints/last.ckpt")
     out = tmp_path / "synthetic.csv"
-    assert main(["synthesize", "--ckpt", str(last), "--n", "3", "--out", str(out), "--seed", "0"]) == 0
+    assert main(["synthesize", "--ckpt_path", str(last), "--n", "3", "--out", str(out), "--seed", "0"]) == 0
     rows = read(out)
     assert rows and {int(row["patient"]) for row in rows} <= {0, 1, 2}
 
 
 def test_a_zoo_synthesizer_synthesizes_by_its_name(tmp_path, capsys):
     out = tmp_path / "synthetic.csv"
-    assert main(["synthesize", "--ckpt", "igamt.dp_synthetic_ehr_s10", "--n", "2", "--out", str(out)]) == 0
+    assert main(["synthesize", "--ckpt_path", "igamt.dp_synthetic_ehr_s10", "--n", "2", "--out", str(out)]) == 0
     assert read(out)
-    assert main(["synthesize", "--ckpt", "igamt.no_such_entry", "--out", str(tmp_path / "b.csv")]) == 2
+    assert main(["synthesize", "--ckpt_path", "igamt.no_such_entry", "--out", str(tmp_path / "b.csv")]) == 2
     assert "is not a zoo entry" in capsys.readouterr().err
 
 
 def test_synthesize_never_destroys_a_file(checkpoint, tmp_path, capsys):
     source = checkpoint / "plain.ckpt"
     before = source.read_bytes()
-    assert main(["synthesize", "--ckpt", str(source), "--out", str(source), "--overwrite"]) == 2
-    assert "is the --ckpt file itself" in capsys.readouterr().err and source.read_bytes() == before
+    assert main(["synthesize", "--ckpt_path", str(source), "--out", str(source), "--overwrite"]) == 2
+    assert "is the --ckpt_path file itself" in capsys.readouterr().err and source.read_bytes() == before
     out = tmp_path / "kept.csv"
     out.write_text("earlier work\n")
-    assert main(["synthesize", "--ckpt", str(source), "--n", "2", "--out", str(out)]) == 2
+    assert main(["synthesize", "--ckpt_path", str(source), "--n", "2", "--out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err and out.read_text() == "earlier work\n"
-    assert main(["synthesize", "--ckpt", str(source), "--n", "2", "--out", str(out), "--overwrite"]) == 0
+    assert main(["synthesize", "--ckpt_path", str(source), "--n", "2", "--out", str(out), "--overwrite"]) == 0
     assert out.read_text() != "earlier work\n"

@@ -30,6 +30,7 @@ from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.callbacks.guard import TrainingGuard
 from lightning_dprobust.callbacks.run import (
     BestValidation,
+    DataProvenance,
     LedgerLogger,
     SaveConfigOnce,
     refuse_used_folder,
@@ -39,8 +40,9 @@ from lightning_dprobust.callbacks.run import (
 )
 from lightning_dprobust.checkpoint_io import read_checkpoint
 from lightning_dprobust.data.base import ImageDataModule
-from lightning_dprobust.methods.base import ClassifierModule
+from lightning_dprobust.methods.base import CLASS_KEY, ClassifierModule
 from lightning_dprobust.paths import shipped_root
+from lightning_dprobust.robustness.reports import check_wandb_login
 
 CONFIG_DIR = shipped_root() / "configs"
 """The shipped recipes, ``configs/<method>/<dataset>.yaml``."""
@@ -50,6 +52,69 @@ BASE_CONFIG = CONFIG_DIR / "base" / "trainer.yaml"
 
 _EXPECTED_WARNINGS = ".*(does not have many workers|no `val_dataloader`|LeafSpec|LightningCLI's args parameter).*"
 """Warnings every programmatic fit would repeat: few loader workers, no validation loop, ``args=`` with ``sys.argv``."""
+
+
+class DuplicateKeyError(ValueError):
+    """A YAML mapping (a config file or a flag's value) names one key twice: PyYAML would keep the last silently."""
+
+
+def _refuse_duplicate_keys(text: str) -> None:
+    """Raise :class:`DuplicateKeyError` naming the first key written twice in one mapping of ``text``, and its line."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return  # not YAML: jsonargparse's own loader reports it (or reads the text as a string)
+    if isinstance(root, yaml.ScalarNode):
+        _refuse_yaml11_boolean(root)
+    nodes = [root] if root is not None else []
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None and name in seen:
+                    where = f"{key.start_mark.name}, " if key.start_mark.name not in ("<unicode string>", "") else ""
+                    raise DuplicateKeyError(
+                        f"the YAML key {name!r} appears twice in one mapping ({where}line {key.start_mark.line + 1}): "
+                        "YAML would keep only the last value; keep one"
+                    )
+                seen.add(name)
+                if isinstance(value, yaml.ScalarNode):
+                    _refuse_yaml11_boolean(value, name)
+                nodes += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            nodes += node.value
+
+
+_YAML11_BOOLEANS = frozenset({"y", "n", "yes", "no", "on", "off"})
+"""Words that YAML 1.1 (PyYAML, jsonargparse) reads as booleans when unquoted and that a bool argument also accepts
+as strings: ``poisson_sampling: "no"`` and ``poisson_sampling: no`` would both mean ``False``; refused so that a
+switch is written ``true`` or ``false``."""
+
+
+def _refuse_yaml11_boolean(node: yaml.ScalarNode, key: str | None = None) -> None:
+    if str(node.value).lower() in _YAML11_BOOLEANS:
+        where = f"{key}: " if key is not None else ""
+        raise ValueError(
+            f"{where}{node.value!r} is ambiguous (YAML 1.1 reads it as a boolean, YAML 1.2 and JSON as a string): "
+            "write true or false for a switch"
+        )
+
+
+def _checked_yaml_load(text: str) -> Any:
+    """jsonargparse's YAML loader, after refusing duplicated keys."""
+    from jsonargparse._loaders_dumpers import yaml_load
+
+    _refuse_duplicate_keys(text)
+    return yaml_load(text)
+
+
+def _install_yaml_loader() -> None:
+    """Make jsonargparse (configs and flag values of ``dprobust fit|validate|test``) refuse a duplicated YAML key."""
+    from jsonargparse import set_loader
+
+    set_loader("yaml", _checked_yaml_load, exceptions=(yaml.YAMLError,))
 
 
 class DProbustCLI(LightningCLI):
@@ -78,6 +143,7 @@ class DProbustCLI(LightningCLI):
     def __init__(self, args: Sequence[str] | None = None, run: bool = True) -> None:
         os.environ.setdefault("WANDB_MODE", "offline")  # as for the evaluation subcommands: WANDB_MODE decides
         os.environ.setdefault("WANDB_SILENT", "true")
+        _install_yaml_loader()
         super().__init__(
             L.LightningModule,
             L.LightningDataModule,
@@ -103,6 +169,8 @@ class DProbustCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(DPCallback, "dp", subclass_mode=True, required=False)
+        for key, meaning in WANDB_FLAGS.items():
+            parser.add_argument(f"--wandb.{key}", type=str | None, default=None, help=f"W&B {meaning} of the run")
         for attribute in ("num_classes", "input_shape", "mean", "std"):
             parser.link_arguments(f"data.{attribute}", f"model.init_args.{attribute}", apply_on="instantiate")
 
@@ -117,30 +185,184 @@ class DProbustCLI(LightningCLI):
                 "DPCallback belongs in the `dp` group, not in trainer.callbacks: write `dp: {target_epsilon: 3.0, ...}`"
                 " in the config or pass --dp.target_epsilon 3.0"
             )
-        return super()._instantiate_trainer(config, [*callbacks, TrainingGuard(), BestValidation(), LedgerLogger()])
+        extra = [TrainingGuard(), BestValidation(), LedgerLogger(), DataProvenance()]
+        return super()._instantiate_trainer(config, [*callbacks, *extra])
 
     def _parse_ckpt_path(self) -> None:
-        """Read ``--ckpt_path`` safely first: a truncated or unsafe file is one ``CheckpointError`` (exit 2)."""
+        """Check the config as the user wrote it, then read ``--ckpt_path`` safely: a truncated or unsafe file is one
+        ``CheckpointError`` (exit 2). A checkpoint of another method than the config's is refused (LightningCLI would
+        otherwise swap the config's method for the checkpoint's), and so is a resumed fit whose config changes one
+        of the checkpoint's hyperparameters (the optimizer state, ``config.yaml`` and the logger would disagree)."""
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        config = self.config[subcommand] if subcommand else self.config
+        refuse_linked_overrides(config)
+        ckpt_path = config.get("ckpt_path")
         if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
-            read_checkpoint(ckpt_path)
+            checkpoint = read_checkpoint(ckpt_path)
+            model = config.get("model")
+            if model is not None and model.get("class_path"):
+                hparams = _init_args(model)
+                check_resumed_module(checkpoint, model["class_path"], hparams, ckpt_path, subcommand == "fit")
         super()._parse_ckpt_path()
 
     def before_instantiate_classes(self) -> None:
-        """A resumed fit (``--ckpt_path``) continues the W&B run whose id is stored in its run folder."""
+        """``--wandb.project|entity|group`` go to the W&B logger; an online W&B logger without an API key is refused
+        in one line; a resumed fit (``--ckpt_path``) continues the W&B run whose id is stored in its run folder."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        apply_wandb_flags(config)
         if self.subcommand == "fit" and self.config.fit.get("ckpt_path"):
             resume_wandb_run(self.config.fit)
 
     def before_fit(self) -> None:
         """Refuse, before W&B starts a run, a fit into another run's folder and a ``last`` checkpoint that is not
-        there."""
+        there, or that another method or other hyperparameters wrote."""
         refuse_used_folder(self.trainer, self.config.fit.get("ckpt_path"))
         if self.config.fit.get("ckpt_path") == "last":
             require_last_checkpoint(self.trainer)
+            last = last_checkpoint(self.trainer)
+            if last is not None:
+                module = self.model
+                hparams = {key: value for key, value in module.hparams.items() if not key.startswith("_")}
+                check_resumed_module(read_checkpoint(last), _class_path(module), hparams, f"last ({last})", True)
 
     def after_fit(self) -> None:
         report_fit(self.trainer, find_dp_callback(self.trainer))
+
+
+WANDB_FLAGS = {"project": "project", "entity": "entity (user or team)", "group": "group"}
+"""``--wandb.<key>`` of every ``dprobust`` command that logs: here applied to the config's ``WandbLogger``."""
+
+
+def _wandb_loggers(config: Any) -> list[Any]:
+    trainer = config.get("trainer") if config is not None else None
+    loggers = trainer.get("logger") if trainer is not None else None
+    loggers = loggers if isinstance(loggers, list) else [loggers]
+    return [
+        logger
+        for logger in loggers
+        if logger is not None and not isinstance(logger, bool) and hasattr(logger, "get")
+        and str(logger.get("class_path", "")).endswith("WandbLogger")
+    ]  # fmt: skip
+
+
+def apply_wandb_flags(config: Any) -> None:
+    """Set the W&B logger's ``project``/``entity``/``group`` from ``--wandb.*``; refuse ``--wandb.*`` without a W&B
+    logger, and an online W&B logger without an API key (W&B would stop to ask for one, or fail with a traceback)."""
+    wandb = config.get("wandb") if config is not None else None
+    given = {key: wandb.get(key) for key in WANDB_FLAGS if wandb is not None and wandb.get(key) is not None}
+    loggers = _wandb_loggers(config)
+    if given and not loggers:
+        flags = ", ".join(f"--wandb.{key}" for key in given)
+        raise MisconfigurationException(f"{flags}: this run has no W&B logger (trainer.logger) to apply it to")
+    for logger in loggers:
+        if logger.get("init_args") is None:
+            logger["init_args"] = {}
+        init_args = logger["init_args"]
+        for key, value in given.items():
+            init_args[key] = value
+        if not init_args.get("offline"):
+            check_wandb_login("--trainer.logger false")
+
+
+LINKED = ("num_classes", "input_shape", "mean", "std")
+"""Model arguments that the data module sets (``link_arguments``): a value in the config would be ignored."""
+
+
+def refuse_linked_overrides(config: Any) -> None:
+    """Refuse ``model.init_args.num_classes`` (and ``input_shape``, ``mean``, ``std``) set to anything but the
+    class's default: the data module's value replaces it at instantiation, silently."""
+    model = config.get("model") if config is not None else None
+    if model is None or not model.get("class_path") or model.get("init_args") is None:
+        return
+    defaults = _signature_defaults(model["class_path"])
+    init_args = _init_args(model)
+    for key in LINKED:
+        if key in init_args and key in defaults and _plain(init_args[key]) != _plain(defaults[key]):
+            raise MisconfigurationException(
+                f"model.init_args.{key}={_plain(init_args[key])!r} would be ignored: {key} comes from the data module "
+                f"(data.init_args); drop it from the model, and choose the data module (or its arguments) instead"
+            )
+
+
+def check_resumed_module(
+    checkpoint: dict[str, Any], class_path: str, init_args: dict[str, Any], source: str, resume: bool
+) -> None:
+    """Refuse a checkpoint written by another method than ``class_path``; with ``resume`` (a fit), also one whose
+    hyperparameters differ from ``init_args`` (a changed learning rate would be recorded three different ways)."""
+    saved = checkpoint.get("hyper_parameters") or {}
+    saved_class = saved.get("_class_path") or str(checkpoint.get(CLASS_KEY) or "").replace(":", ".")
+    if saved_class and _resolve(saved_class) != _resolve(class_path):
+        raise MisconfigurationException(
+            f"--ckpt_path {source} holds a {saved_class.rsplit('.', 1)[-1]} model but the config's method is "
+            f"{class_path.rsplit('.', 1)[-1]}: pass the config it was trained with (or a checkpoint of this method)"
+        )
+    if not resume:
+        return
+    changed = [
+        f"{key}={_plain(init_args[key])!r} (checkpoint: {_plain(saved[key])!r})"
+        for key in init_args
+        if key in saved
+        and key not in LINKED
+        and not key.startswith("_")
+        and _plain(init_args[key]) != _plain(saved[key])
+    ]
+    if changed:
+        raise MisconfigurationException(
+            f"resuming --ckpt_path {source} with other hyperparameters: {', '.join(changed)}; a resumed run keeps the "
+            "ones it was trained with (optimizer state, config.yaml and the logger would disagree): resume with the "
+            "original values, or start a new run without --ckpt_path"
+        )
+
+
+def last_checkpoint(trainer: L.Trainer) -> str | None:
+    """The ``last.ckpt`` that ``--ckpt_path last`` resumes, ``None`` if there is none."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    found = [
+        path
+        for callback in trainer.checkpoint_callbacks
+        if isinstance(callback, ModelCheckpoint)
+        for path in callback._find_last_checkpoints(trainer)
+    ]
+    return max(found, key=os.path.getmtime) if found else None
+
+
+def _init_args(model: Any) -> dict[str, Any]:
+    init_args = model.get("init_args") or {}
+    return dict(init_args.as_dict() if hasattr(init_args, "as_dict") else init_args)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and namespaces as dicts, recursively, so that a config value and a saved one compare."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _resolve(class_path: str) -> Any:
+    """The class ``class_path`` names (``module.Class``), or the path itself when it cannot be imported."""
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return class_path
+
+
+def _signature_defaults(class_path: str) -> dict[str, Any]:
+    import inspect
+
+    cls = _resolve(class_path)
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
 
 
 @dataclass
@@ -294,7 +516,9 @@ def load_recipe(path: str | Path) -> tuple[Recipe, ImageDataModule]:
     """
     if not Path(path).is_file():
         raise FileNotFoundError(f"config {path} does not exist: pass e.g. configs/dpsgd/digits.yaml")
-    return recipe_from_config(yaml.safe_load(Path(path).read_text()) or {}, str(path))
+    text = Path(path).read_text()
+    _refuse_duplicate_keys(text)
+    return recipe_from_config(yaml.safe_load(text) or {}, str(path))
 
 
 def recipe_from_config(config: dict[str, Any], source: str) -> tuple[Recipe, ImageDataModule]:

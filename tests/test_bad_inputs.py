@@ -139,7 +139,7 @@ def data(class_path: str, prepare: Callable[[Path], object] | None = None, **ini
 
 
 def evaluate(command: str, checkpoint: Callable[[Path, Path], Path | str], *extra: str) -> Build:
-    return lambda folder, finished: [command, "--ckpt", str(checkpoint(folder, finished)), *extra]
+    return lambda folder, finished: [command, "--ckpt_path", str(checkpoint(folder, finished)), *extra]
 
 
 # ---------------------------------------------------------------------------------------- bad files
@@ -243,6 +243,31 @@ def tampered_zoo_cache(folder: Path, finished: Path) -> str:
     weights[-1] ^= 0xFF
     cached.write_bytes(weights)
     return name
+
+
+def duplicated_key(folder: Path, finished: Path) -> list[str]:
+    path = shortened(None, folder)
+    path.write_text("seed_everything: 1\n" + path.read_text())  # the shipped config sets it too
+    return ["fit", "--config", str(path)]
+
+
+def evaluation_config_with_duplicate(folder: Path, finished: Path) -> list[str]:
+    (folder / "flags.yaml").write_text("sigma: 0.25\nsigma: 0.5\n")
+    return ["certify", "--ckpt_path", str(finished / LAST), "--config", str(folder / "flags.yaml")]
+
+
+def other_method(config: dict, folder: Path) -> None:
+    config["model"]["class_path"] = "lightning_dprobust.methods.DPCert"
+    config["trainer"]["max_steps"] = 8
+
+
+def last_with_other_lr(folder: Path, finished: Path) -> list[str]:
+    shutil.copytree(finished / "runs", folder / "runs")
+    config = shortened(lambda c, f: c["model"]["init_args"].update(lr=0.1) or c["trainer"].update(max_steps=8), folder)
+    return ["fit", "--config", str(config), "--ckpt_path", "last"]
+
+
+DENOISER = "dncnn_gn.transdenoiser_digits_eps1_s025"
 
 
 # ---------------------------------------------------------------------------------------- the catalogue
@@ -418,6 +443,30 @@ CATALOGUE = [
     Bad("evaluation-config-missing", evaluate("certify", good, "--config", "nothing.yaml"), r"--config nothing.yaml"),
     Bad("mnist-folder-for-a-file", fit(data(MNIST, mnist_with(folder_for_labels))),
         r"train-labels-idx1-ubyte is a folder, but a file"),
+    # silent swaps and silently ignored values
+    Bad("duplicated-yaml-key", duplicated_key, r"'seed_everything' appears twice in one mapping"),
+    Bad("evaluation-config-duplicated-key", evaluation_config_with_duplicate,
+        r"'sigma' appears twice in the same mapping"),
+    Bad("poisson-sampling-as-a-word", fit(dp(poisson_sampling="no")), r"poisson_sampling: 'no' is ambiguous"),
+    Bad("linked-num-classes-override", fit(section("model", num_classes=5)), r"num_classes=5 would be ignored"),
+    Bad("resume-checkpoint-of-another-method", fit(other_method, resume=good),
+        r"holds a DPSGD model but the config's method is DPCert"),
+    Bad("resume-with-another-lr", fit(section("model", lr=0.1), "--trainer.max_steps", "8", resume=good),
+        r"other hyperparameters: lr=0.1 \(checkpoint: 0.02\)"),
+    Bad("resume-last-with-another-lr", last_with_other_lr, r"--ckpt_path last .*lr=0.1 \(checkpoint: 0.02\)"),
+    Bad("resume-on-another-dataset-size", fit(section("data", train_part="private"), resume=good),
+        r"trained on 1293 training examples but this run's data has 647"),
+    Bad("audit-target-epsilon-without-dp", lambda f, r: ["audit", "--config", str(shortened(None, f)), "--canaries",
+        "10", "--no_dp", "--dp.target_epsilon", "1"], r"--dp.target_epsilon 1 with --no_dp"),
+    Bad("certify-denoiser-at-another-sigma", lambda f, r: ["certify", "--denoiser", DENOISER, "--sigma", "0.5"],
+        r"--sigma 0.5 differs from the sigma=0.25 the --denoiser"),
+    Bad("certify-denoiser-with-another-classifier", lambda f, r: ["certify", "--ckpt_path", "mlp_tanh.erm_digits",
+        "--denoiser", DENOISER], r"mlp_tanh.erm_digits is not the classifier mlp_tanh.erm_digits_public"),
+    # nothing destroyed
+    Bad("certify-out-holds-files", lambda f, r: ["certify", "--ckpt_path", str(r / LAST), "--out",
+        str(a_file(f, r).parent)], r"--out .* already holds files.*--overwrite"),
+    Bad("zoo-build-into-the-catalog", lambda f, r: ["zoo", "build", "mlp_tanh.dpsgd_digits_eps1", "--out",
+        str(zoo.ZOO_DIR)], r"is the shipped catalog: .*--overwrite", usage=True),
 ]  # fmt: skip
 
 

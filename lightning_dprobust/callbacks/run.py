@@ -301,3 +301,34 @@ def require_last_checkpoint(trainer: L.Trainer) -> None:
             f"--ckpt_path last: no last checkpoint in the run folder {trainer.log_dir or trainer.default_root_dir} "
             "(ModelCheckpoint needs save_last: true); pass the path of a .ckpt, or leave --ckpt_path out to start anew"
         )
+
+
+class DataProvenance(Callback):
+    """Records the training set's size in every checkpoint (``dprobust_data``) and refuses to resume a fit on a
+    training set of another size: the DP ledger's sample rate, the epoch length and the learning-rate schedule of
+    the saved run all assume the old size. Checkpoints written before this record existed are not checked."""
+
+    KEY = "dprobust_data"
+
+    @staticmethod
+    def train_size(trainer: L.Trainer) -> int | None:
+        train_set = getattr(trainer.datamodule, "train_set", None) if trainer.datamodule is not None else None
+        try:
+            return None if train_set is None else len(train_set)
+        except TypeError:  # an iterable dataset
+            return None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        size = self.train_size(trainer)
+        if size is not None:
+            checkpoint[self.KEY] = {"train_size": size}
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        saved = (checkpoint.get(self.KEY) or {}).get("train_size")
+        size = self.train_size(trainer)
+        if trainer.state.fn == "fit" and saved is not None and size is not None and saved != size:
+            raise MisconfigurationException(
+                f"the checkpoint to resume was trained on {saved} training examples but this run's data has {size}: "
+                "a resumed run keeps its data (its sample rate, epoch length and privacy ledger assume it); resume "
+                "with the original data settings, or start a new run without --ckpt_path"
+            )

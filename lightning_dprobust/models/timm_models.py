@@ -7,12 +7,16 @@ GroupNorm and activations stop working in place; per-example gradients are then 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import timm
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_dprobust.models.dp_compat import make_dp_compatible
+
+log = logging.getLogger(__name__)
 
 TIMM_PREFIX = "timm/"
 
@@ -39,7 +43,8 @@ def create_timm_model(
     Pretrained weights cannot be downloaded where there is no network. Give timm a local file instead:
     ``pretrained=True, pretrained_cfg_overlay=dict(file="/path/to/weights.safetensors")``. timm drops the
     classifier weights when ``num_classes`` differs from the file's and adapts the first convolution when
-    ``in_chans != 3``. BatchNorm weights in the file are loaded and then replaced by fresh GroupNorm layers.
+    ``in_chans != 3``. BatchNorm weights in the file are loaded and then replaced by fresh GroupNorm layers; the swap
+    is logged once per model created (a warning of the ``lightning_dprobust.models.timm_models`` logger).
 
     Args:
         arch: a timm model name, with an optional weight tag (``resnet18.a1_in1k``).
@@ -67,4 +72,14 @@ def create_timm_model(
             f"'timm/{arch}', ..., pretrained=True, pretrained_cfg_overlay=dict(file=...)); set HF_HUB_OFFLINE=1 "
             "to fail fast instead of retrying the Hugging Face Hub"
         ) from err
-    return make_dp_compatible(model)
+    swapped = sum(isinstance(module, _BatchNorm) for module in model.modules())
+    model = make_dp_compatible(model)
+    if swapped:  # one line per model created: a user should know the architecture is not timm's own
+        log.warning(
+            "timm %s: %d BatchNorm layer(s) replaced by GroupNorm (a BatchNorm mixes the examples of a batch, so "
+            "per-example gradients and DP would not hold); running statistics%s are dropped. See docs/sharp_edges.md",
+            arch,
+            swapped,
+            " and the pretrained BatchNorm weights" if pretrained else "",
+        )
+    return model

@@ -125,6 +125,9 @@ class Context:
     data_root: Path | None
     device: str
     step_times: dict[str, float] = field(default_factory=dict)
+    timing_target: str = ""
+    """Timing mode: the timing key of the cell being timed; :func:`fit` stops the cell after timing that recipe
+    (earlier stages, such as a pre-training, are trained for their 3 steps and timed on the way)."""
     cache: dict[Any, Any] = field(default_factory=dict)
     """Stages shared by several cells of one run (e.g. a pre-trained model per seed)."""
 
@@ -146,6 +149,10 @@ class Context:
 
 
 # ------------------------------------------------------------------------------------------------------- training
+class TimingDone(Exception):
+    """Raised by :func:`fit` in timing mode once the steps are timed: the cell's evaluation is not timed."""
+
+
 class StepTimer(L.Callback):
     """Wall time of each training step (batch start to batch end, optimizer included)."""
 
@@ -205,6 +212,17 @@ def fit(
         args.append(f"--data.init_args.data_dir={context.data_dir(dataset)}")
     if context.fake:
         args += FAKE_DATA_ARGS.get(dataset or "", [])
+    scale = 1.0
+    if context.timing:  # the real recipe at a batch of at most TIMING_BATCH; per-step time scaled to the real batch
+        batch = int(((seeded.get("data") or {}).get("init_args") or {}).get("batch_size") or TIMING_BATCH)
+        cap = min(batch, TIMING_BATCH)
+        scale = batch / cap
+        args.append(f"--data.init_args.batch_size={cap}")
+        model_args = (seeded.get("model") or {}).get("init_args") or {}
+        if "batch_size" in model_args:  # StoBatch's own batches
+            args.append(f"--model.init_args.batch_size={cap}")
+        if model_args.get("pretrained"):  # same architecture, random weights (the hub is not reached)
+            args.append("--model.init_args.pretrained=false")
     if context.fake:
         limit = 2 if context.smoke else 3
         args += [a.replace("max_steps=2", f"max_steps={limit}") for a in SMOKE_TRAINER]
@@ -223,8 +241,11 @@ def fit(
             cli.datamodule.train_set = Subset(cli.datamodule.train_set, [int(i) for i in train_indices])
         cli.trainer.fit(cli.model, cli.datamodule)
         metrics = cli.trainer.test(cli.model, cli.datamodule, verbose=False)[0] if test else {}
-    if context.timing and timing_key and len(timer.times) > 1:
-        context.step_times[timing_key] = float(np.median(timer.times[1:]))
+    if context.timing:
+        if timing_key and len(timer.times) > 1:
+            context.step_times[timing_key] = scale * float(np.median(timer.times[1:]))
+        if timing_key == context.timing_target:
+            raise TimingDone(timing_key)
     return FittedRecipe(cli.trainer, cli.model, cli.datamodule, find_dp_callback(cli.trainer), metrics)
 
 
@@ -430,8 +451,10 @@ FAKE_WRITERS: dict[str, Callable[[Path, int], None]] = {
 FAKE_DATA_ARGS = {"idc": ["--data.init_args.train_size=0.5", "--data.init_args.test_size=0.3"]}
 """Data-module arguments the fake sets need (the IDC module checks the official patch count unless given fractions)."""
 
-SMOKE_SIZE, TIMING_SIZE = 60, 3000
-"""Fake training-set sizes: smoke mode, and timing mode (large enough for the papers' batches, up to 2,499)."""
+SMOKE_SIZE, TIMING_SIZE, TIMING_BATCH = 60, 1000, 64
+"""Fake training-set sizes (smoke mode, timing mode) and the largest batch timed: a recipe's per-step time at a larger
+batch is the time at ``TIMING_BATCH`` scaled linearly (an approximation: small batches use the hardware less well, so
+this tends to overstate the per-step time)."""
 
 
 @contextlib.contextmanager
@@ -584,10 +607,10 @@ def _write_table(kit: Kit, cells, measured, seeds, target: Path, smoke: bool, de
 # ------------------------------------------------------------------------------------------------------- estimate
 def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None) -> str:
     """Time each distinct real-mode recipe of the grid for 3 steps (median of steps 2-3) on fake data of the real
-    image shape (3,000 training examples, so the papers' batches fit), on this machine's CPU with one thread, and
-    print ``steps x seconds per step / speedup`` per cell and in total, times the number of seeds. An **estimate**:
-    evaluation (attacks, certification, synthesis) is not timed, and the GPU speed-up is assumed
-    (:data:`GPU_SPEEDUP`), not measured."""
+    image shape, at a batch of at most :data:`TIMING_BATCH` scaled linearly to the recipe's, on this machine's CPU
+    with one thread, and print ``steps x seconds per step / speedup`` per cell and in total, times the number of
+    seeds. An **estimate**: evaluation (attacks, certification, synthesis) is not timed, and the GPU speed-up is
+    assumed (:data:`GPU_SPEEDUP`), not measured."""
     seeds = len(kit.real_seeds) if seeds is None else seeds
     lines, total = [], 0.0
     with tempfile.TemporaryDirectory(prefix=f"kit-{kit.name}-estimate-") as scratch:
@@ -600,8 +623,11 @@ def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None) -
                 if cell.skip or cell.run is None or not cell.real_steps:
                     continue
                 if cell.timing_key not in context.step_times:
+                    context.timing_target = cell.timing_key
                     try:
                         cell.run(context, 0)
+                    except TimingDone:
+                        pass
                     except Exception as err:  # noqa: BLE001 - an estimate reports what it could not time
                         lines.append(f"| {', '.join(cell.labels)} | not timed: {type(err).__name__}: {err} | | |")
                         continue

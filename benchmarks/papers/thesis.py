@@ -375,7 +375,8 @@ def td_cells() -> list[Cell]:
             grid.append(Cell(
                 key=f"td_{dataset}_{key.replace(' + ', '_').replace('TransDenoiser_', 'td_').replace(' ', '_')}",
                 labels=(label, row), run=td_runner(dataset, row), real_steps=steps,
-                timing_key=f"td-{dataset}" if row in TD_ROWS else f"dpsgd-{dataset}",
+                timing_key=f"td-{dataset}" if row in TD_ROWS else f"dpsgd-{dataset}" if row.startswith("DP-SGD")
+                else f"public-{dataset}",
                 note="baseline added by the library (issue 42), not in the thesis" if row.startswith("public") else "",
             ))  # fmt: skip
         for row in ("SecureSGD_prt", "SecureSGD_sct", "StoBatch"):

@@ -194,3 +194,35 @@ def test_version_prints_the_package_version(capsys):
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"dprobust {__version__}"
+
+
+def test_ctrl_c_in_any_other_command_is_one_line_and_exit_130(workdir, monkeypatch, capsys):
+    from lightning_dprobust.robustness import attacks
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attacks, "robust_accuracy", interrupted)
+    assert main(["attack", "--ckpt_path", CLASSIFIER, "--max_examples", "4", "--no-wandb", "--device", "cpu"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dprobust: interrupted (Ctrl-C)") and "\n" not in err and "Traceback" not in err
+
+
+SHIPPED_DPSGD = Path(__file__).resolve().parents[2] / "configs" / "dpsgd" / "digits.yaml"
+
+
+def test_fit_with_an_online_wandb_logger_and_no_api_key_is_one_line(workdir, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(workdir / "no-netrc"))
+    monkeypatch.setenv("HOME", str(workdir))
+    assert main(["fit", "--config", str(SHIPPED_DPSGD), "--wandb.project", "mine"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dprobust: error:")]
+    assert len(errors) == 1 and errors[0].startswith("dprobust: error: WANDB_MODE=online but no W&B API key")
+    assert not (workdir / "runs").exists()
+
+
+def test_wandb_flags_without_a_wandb_logger_are_refused(workdir, capsys):
+    argv = ["fit", "--config", str(SHIPPED_DPSGD), "--trainer.logger", "false", "--wandb.group", "g"]
+    assert main(argv) == 2
+    assert "--wandb.group: this run has no W&B logger" in capsys.readouterr().err

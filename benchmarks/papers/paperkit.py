@@ -444,7 +444,7 @@ FAKE_WRITERS: dict[str, Callable[[Path, int], None]] = {
     "cifar10": lambda root, n: write_fake_cifar(root, per_batch=n // 5, classes=10),
     "cifar100": lambda root, n: write_fake_cifar(root, per_batch=n // 5, classes=100),
     "idc": lambda root, n: write_fake_idc(root, patients=max(12, n // 50), per_class=3 if n <= 100 else 25),
-    "mimic_iv_ed": lambda root, n: write_fake_mimic(root, stays=max(48, n // 10)),
+    "mimic_iv_ed": lambda root, n: write_fake_mimic(root, stays=max(48, n // 2)),
 }
 """Fake dataset writers, by the data folder name each data module reads (``<root>/<name>``), and training-set size."""
 
@@ -605,7 +605,7 @@ def _write_table(kit: Kit, cells, measured, seeds, target: Path, smoke: bool, de
 
 
 # ------------------------------------------------------------------------------------------------------- estimate
-def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None) -> str:
+def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None, only: Sequence[str] = ()) -> str:
     """Time each distinct real-mode recipe of the grid for 3 steps (median of steps 2-3) on fake data of the real
     image shape, at a batch of at most :data:`TIMING_BATCH` scaled linearly to the recipe's, on this machine's CPU
     with one thread, and print ``steps x seconds per step / speedup`` per cell and in total, times the number of
@@ -621,6 +621,8 @@ def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None) -
         with fake_md5s(workdir / "data"):
             for cell in kit.cells:
                 if cell.skip or cell.run is None or not cell.real_steps:
+                    continue
+                if only and not any(part in cell.key for part in only):
                     continue
                 if cell.timing_key not in context.step_times:
                     context.timing_target = cell.timing_key
@@ -670,7 +672,8 @@ def main(kits: Kit | Sequence[Kit], argv: Sequence[str] | None = None, doc: str 
     if args.estimate:
         torch.set_num_threads(1)
         for kit in kits:
-            print(f"## {kit.name}\n\n{estimate(kit)}")
+            if not args.cells or any(part in cell.key for cell in kit.cells for part in args.cells):
+                print(f"## {kit.name}\n\n{estimate(kit, only=args.cells)}")
         return []
     base = Path(tempfile.mkdtemp(prefix="kit-smoke-")) if args.smoke and args.out is None else args.out
     tables = []

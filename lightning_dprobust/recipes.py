@@ -199,6 +199,7 @@ class DProbustCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
             checkpoint = read_checkpoint(ckpt_path)
+            refuse_non_finite_weights(checkpoint, ckpt_path)
             model = config.get("model")
             if model is not None and model.get("class_path"):
                 hparams = _init_args(model)
@@ -264,6 +265,9 @@ def apply_wandb_flags(config: Any) -> None:
             check_wandb_login("--trainer.logger false")
 
 
+RENAMED_SEEDS = ("noise_seed", "dp_seed")
+"""Older spellings of a method's ``seed`` argument, which the method saves under ``seed``."""
+
 LINKED = ("num_classes", "input_shape", "mean", "std")
 """Model arguments that the data module sets (``link_arguments``): a value in the config would be ignored."""
 
@@ -296,8 +300,18 @@ def check_resumed_module(
             f"--ckpt_path {source} holds a {saved_class.rsplit('.', 1)[-1]} model but the config's method is "
             f"{class_path.rsplit('.', 1)[-1]}: pass the config it was trained with (or a checkpoint of this method)"
         )
+    foreign = sorted(key for key in saved if not key.startswith("_") and key not in init_args)
+    if foreign and saved_class:
+        raise MisconfigurationException(
+            f"--ckpt_path {source} holds hyperparameters that {class_path.rsplit('.', 1)[-1]} does not take: "
+            f"{foreign}; it was written by another version of the method or edited: pass a checkpoint of this one"
+        )
     if not resume:
         return
+    init_args = dict(init_args)
+    for old_name in RENAMED_SEEDS:  # a deprecated spelling is saved under ``seed``
+        if init_args.get(old_name) is not None and init_args.get("seed") is None:
+            init_args["seed"] = init_args[old_name]
     changed = [
         f"{key}={_plain(init_args[key])!r} (checkpoint: {_plain(saved[key])!r})"
         for key in init_args
@@ -312,6 +326,16 @@ def check_resumed_module(
             "ones it was trained with (optimizer state, config.yaml and the logger would disagree): resume with the "
             "original values, or start a new run without --ckpt_path"
         )
+
+
+def refuse_non_finite_weights(checkpoint: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint whose weights hold NaN or infinity: resuming or evaluating it fails later, less clearly."""
+    for name, value in (checkpoint.get("state_dict") or {}).items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise MisconfigurationException(
+                f"--ckpt_path {source} has non-finite weights ({name} holds NaN or infinity): the run diverged before "
+                "it was saved; resume from an earlier checkpoint, or start anew with a lower learning rate"
+            )
 
 
 def last_checkpoint(trainer: L.Trainer) -> str | None:

@@ -267,6 +267,12 @@ def last_with_other_lr(folder: Path, finished: Path) -> list[str]:
     return ["fit", "--config", str(config), "--ckpt_path", "last"]
 
 
+def with_foreign_hyperparameter(path: Path) -> None:
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"]["bogus"] = 3
+    torch.save(checkpoint, path)
+
+
 DENOISER = "dncnn_gn.transdenoiser_digits_eps1_s025"
 
 
@@ -462,6 +468,9 @@ CATALOGUE = [
         r"--sigma 0.5 differs from the sigma=0.25 the --denoiser"),
     Bad("certify-denoiser-with-another-classifier", lambda f, r: ["certify", "--ckpt_path", "mlp_tanh.erm_digits",
         "--denoiser", DENOISER], r"mlp_tanh.erm_digits is not the classifier mlp_tanh.erm_digits_public"),
+    Bad("resume-nan-weights", fit(more_steps, resume=damaged(nan_weight)), r"damaged.ckpt has non-finite weights \("),
+    Bad("resume-foreign-hyperparameters", fit(more_steps, resume=damaged(with_foreign_hyperparameter)),
+        r"holds hyperparameters that DPSGD does not take: \['bogus'\]"),
     # nothing destroyed
     Bad("certify-out-holds-files", lambda f, r: ["certify", "--ckpt_path", str(r / LAST), "--out",
         str(a_file(f, r).parent)], r"--out .* already holds files.*--overwrite"),

@@ -12,12 +12,15 @@ A recipe is ``meta.recipe``: ``config`` (a path relative to the repository root)
 dotted config paths to values, applied to the YAML before parsing; a list element is chosen by index or by the
 class name at the end of its ``class_path``, e.g. ``dp.target_epsilon`` or
 ``trainer.callbacks.ModelCheckpoint.init_args.save_last``),
-``config_sha256`` (of the config file as built) and ``commit`` (the git commit checked out when it was built).
+``config_sha256`` (:func:`config_sha256`: of the config as the CLI resolves it, the base trainer config included) and
+``commit`` (the git commit checked out when it was built).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import tempfile
@@ -287,6 +290,16 @@ def save_weights(model: nn.Module, weights_dir: Path, name: str) -> tuple[str, s
     return file, sha
 
 
+def config_sha256(config: str) -> str:
+    """SHA-256 of the recipe ``config`` (a path relative to the repository root) as ``dprobust fit`` resolves it: the
+    base trainer config with the recipe file over it (:func:`~lightning_dprobust.recipes.composed_config`), as
+    canonical JSON. A change to either file changes it; a change of formatting or comments does not."""
+    from lightning_dprobust.recipes import composed_config
+
+    canonical = json.dumps(composed_config(REPO_ROOT / config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def build(
     name: str, *, epochs: int | None = None, out_dir: str | os.PathLike | None = None, zoo: Zoo | None = None
 ) -> Entry:
@@ -321,7 +334,7 @@ def build(
     recipe = {
         **entry.meta["recipe"],
         "overrides": overrides or None,
-        "config_sha256": sha256_file(REPO_ROOT / entry.meta["recipe"]["config"]),
+        "config_sha256": config_sha256(entry.meta["recipe"]["config"]),
         "commit": git_commit(),
     }
     meta = {

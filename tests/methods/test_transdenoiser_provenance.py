@@ -8,12 +8,10 @@ the denoiser's training set. The denoiser must train on the private half of its 
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 
 from lightning_dprobust import zoo
-from lightning_dprobust.zoo.build import REPO_ROOT, recipe_config
+from lightning_dprobust.zoo.build import config_sha256, recipe_config
 
 DENOISERS = zoo.list_entries("*transdenoiser*")
 
@@ -33,8 +31,7 @@ def test_there_are_shipped_digits_denoisers_and_mnist_and_cifar10_recipes():
 def test_the_denoiser_trains_on_the_private_half_and_its_classifier_on_the_public_half(entry):
     recipe = entry.meta["recipe"]
     if entry.shipped:
-        digest = hashlib.sha256((REPO_ROOT / recipe["config"]).read_bytes()).hexdigest()
-        assert recipe["config_sha256"] == digest, f"{entry.name} was built from another version of {recipe['config']}"
+        assert recipe["config_sha256"] == config_sha256(recipe["config"]), f"{entry.name} was built from another version of {recipe['config']}"
     config, _ = recipe_config(entry)
     assert config["data"]["init_args"].get("train_part", "all") == "private"
     assert config["model"]["init_args"]["classifier"] == entry.meta["classifier"]

@@ -12,7 +12,7 @@ import yaml
 from lightning_dprobust import zoo
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.zoo import Zoo
-from lightning_dprobust.zoo.build import apply_override, build, git_commit, recipe_config
+from lightning_dprobust.zoo.build import apply_override, build, config_sha256, git_commit, recipe_config
 from lightning_dprobust.zoo.catalog import ZooError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_a_one_epoch_build_publishes_verified_weights_into_out_dir(tmp_path):
     assert 2.9 <= privacy["epsilon"] <= 3.0 * 1.005
     assert privacy["steps"] >= 1 and 0 < privacy["sample_rate"] < 1 and privacy["noise_multiplier"] > 0
     assert recipe["overrides"]["trainer.max_epochs"] == 1
-    assert recipe["config_sha256"] == hashlib.sha256((ROOT / recipe["config"]).read_bytes()).hexdigest()
+    assert recipe["config_sha256"] == config_sha256(recipe["config"])
     local = Zoo(tmp_path, base_url=tmp_path.as_uri(), cache_dir=tmp_path / "cache")
     assert accuracy_of(local.load(name)) == pytest.approx(written["meta"]["metrics"]["test_acc"], abs=1e-6)
 
@@ -135,3 +135,22 @@ def test_rebuilding_a_shipped_entry_reproduces_its_metrics(tmp_path):
     assert after.meta["privacy"]["epsilon"] == pytest.approx(before.meta["privacy"]["epsilon"], rel=1e-9)
     assert after.meta["privacy"]["steps"] == before.meta["privacy"]["steps"]
     assert after.meta["metrics"]["test_acc"] == pytest.approx(before.meta["metrics"]["test_acc"], abs=0.03)
+
+
+def test_the_config_digest_covers_the_base_trainer_config_and_ignores_formatting(tmp_path, monkeypatch):
+    """An entry's ``config_sha256`` is of the config ``dprobust fit`` resolves: a change to the base trainer config
+    changes it, a comment added to the recipe does not."""
+    import lightning_dprobust.recipes as recipes
+    import lightning_dprobust.zoo.build as zoo_build
+
+    recipe = "configs/dpsgd/digits.yaml"
+    digest = config_sha256(recipe)
+    commented = tmp_path / "configs" / "dpsgd" / "digits.yaml"
+    commented.parent.mkdir(parents=True)
+    commented.write_text("# a comment\n" + (ROOT / recipe).read_text())
+    monkeypatch.setattr(zoo_build, "REPO_ROOT", tmp_path)
+    assert config_sha256(recipe) == digest
+    base = tmp_path / "trainer.yaml"
+    base.write_text(recipes.BASE_CONFIG.read_text().replace("save_last: true", "save_last: false"))
+    monkeypatch.setattr(recipes, "BASE_CONFIG", base)
+    assert config_sha256(recipe) != digest

@@ -68,7 +68,7 @@ def build(
 ) -> L.LightningModule:
     """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma`` (``None``: no DP), delta 1e-5, DP draws
     seeded by ``seed``; ``wiring`` (:data:`WIRINGS`) sets IGAMT's ``strict_dp``, ``loss_form`` its ``loss_form``."""
-    common = {"max_steps": SMALL_DATA["num_steps"], "noise_multiplier": sigma, "delta": 1e-5, "dp_seed": seed}
+    common = {"max_steps": SMALL_DATA["num_steps"], "noise_multiplier": sigma, "delta": 1e-5, "seed": seed}
     common["accountant"] = "rdp"
     if model in BASELINES:
         return BASELINES[model](**common)

@@ -32,7 +32,7 @@ MODES = {"non-DP": dict(noise_multiplier=None), "vmap": dict(engine="vmap"), "au
 
 def _module(strict_dp: bool, options: dict) -> IGAMT:
     torch.manual_seed(0)
-    module = IGAMT(strict_dp=strict_dp, dp_seed=0, **options)
+    module = IGAMT(strict_dp=strict_dp, seed=0, **options)
     module.loaders.sample_rate, module.loaders.num_examples = 64 / 2000, 2000
     if module.dp_enabled:
         module.randomness.start(SimpleNamespace(world_size=1))

@@ -70,7 +70,7 @@ def marginal_errors(real: tuple[torch.Tensor, torch.Tensor], synthetic: tuple[to
 def run(setting: dict, seed: int, epochs: int) -> tuple[float, float, float, float, float]:
     L.seed_everything(seed, verbose=False)
     real = toy_records(N, seed)
-    module = IGAMT(**SIZES, dp_seed=seed, **setting)
+    module = IGAMT(**SIZES, seed=seed, **setting)
     untrained = marginal_errors(real, module.release().sample(N, generator=torch.Generator().manual_seed(seed)))
     data = L.LightningDataModule.from_datasets(train_dataset=TensorDataset(*real), batch_size=32)
     trainer = L.Trainer(

@@ -108,7 +108,7 @@ def igamt_runner(model: str):
         from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
 
         base = "igamt" if model.startswith("igamt") else model
-        overrides = [f"--model.init_args.dp_seed={seed}"]
+        overrides = [f"--model.init_args.seed={seed}"]
         if model.startswith("igamt_"):
             overrides.append(f"--model.init_args.variant={model.removeprefix('igamt_')}")
         fitted = fit(context, PAPER_CONFIGS / "thesis" / f"{base}_mimic_iv_ed.yaml", seed, overrides, EHR_SMOKE,

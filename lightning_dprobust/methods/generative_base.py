@@ -33,6 +33,7 @@ treatment.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -55,6 +56,7 @@ from lightning_dprobust.core.accounting import DEFAULT_ACCOUNTANT, DeltaAndAccou
 from lightning_dprobust.core.engines import build_clipper
 from lightning_dprobust.core.ghost import GhostClipper
 from lightning_dprobust.core.per_sample import PerExampleClipper, add_noise_and_scale_
+from lightning_dprobust.methods.base import renamed_seed
 
 CLIP_MODES = ("per_example", "batch")
 NOMINAL_SOURCE = "generative.nominal_accounting"
@@ -75,7 +77,8 @@ class GenerativeDPModule(L.LightningModule, DeltaAndAccountant):
         delta: the delta of the guarantee; default ``1 / (10 n)`` rounded down to a power of ten.
         accountant: ``"pld"`` (default, as ``DPCallback``), ``"rdp"``, ``"prv"`` or ``"gdp"`` (``core/accounting.py``).
         sample_rate: Poisson inclusion probability; default ``batch_size * world_size / n``.
-        dp_seed: fix the masks and the noise (reproducibility mode, warned); ``None`` draws a secret root per fit.
+        seed: fix the masks and the noise (reproducibility mode, warned); ``None`` draws a secret root per fit.
+            ``dp_seed`` is its deprecated name (warned once; saved hyperparameters hold ``seed`` only).
         max_physical_batch_size: per-example gradient chunk size (memory bound).
         lr_decay: the factor of each component's exponential learning-rate decay per epoch.
         engine: per-example clipping engine of each private component's loss: ``"vmap"`` (default), ``"auto"`` or
@@ -95,12 +98,15 @@ class GenerativeDPModule(L.LightningModule, DeltaAndAccountant):
         delta: float | None = None,
         accountant: str = DEFAULT_ACCOUNTANT,
         sample_rate: float | None = None,
-        dp_seed: int | None = None,
+        seed: int | None = None,
         max_physical_batch_size: int | None = None,
         lr_decay: float = 0.99,
         engine: str = "vmap",
+        dp_seed: int | None = None,
     ) -> None:
         super().__init__()
+        seed = renamed_seed(type(self).__name__, "dp_seed", dp_seed, seed)
+        self.seed = seed
         _validate(type(self).__name__, noise_multiplier, max_grad_norm, clip_mode, accountant, lr_decay, engine)
         self.engine = engine
         self.automatic_optimization = False
@@ -115,13 +121,21 @@ class GenerativeDPModule(L.LightningModule, DeltaAndAccountant):
         self._nominal_ledger = PrivacyLedger()
         self._zero_noise_steps = 0
         self._releases = 0
-        self.randomness = DPRandomness(dp_seed)
+        self.randomness = DPRandomness(seed)
         self.loaders = PoissonLoaderFactory(sample_rate, self.randomness.mask_seed, poisson=True)
         self._clippers: dict[tuple[str, str], PerExampleClipper | GhostClipper] = {}
         self._raw_optimizers: list[torch.optim.Optimizer] | None = None
         self._guard = PrivateStepGuard()  # DPCallback's guard: one private release, applied unchanged
         self._guarded: str | None = None  # the private component whose release the guard holds
         self._buffer_watch = BufferWatch()
+
+    def save_hyperparameters(self, *args: Any, frame: Any = None, **kwargs: Any) -> None:
+        """Lightning's, from the subclass's ``__init__`` frame, with the DP seed under its one name ``seed`` whichever
+        name it was given (``dp_seed`` is deprecated), so a saved checkpoint reloads without the old name."""
+        super().save_hyperparameters(*args, frame=frame or inspect.currentframe().f_back, **kwargs)
+        if "dp_seed" in self.hparams:
+            self.hparams.pop("dp_seed")
+            self.hparams["seed"] = self.seed
 
     # ------------------------------------------------------------------------------------------- subclass API
     def component_modules(self) -> Mapping[str, Sequence[nn.Module]]:

@@ -20,7 +20,7 @@ def main(out_dir: Path, devices: int) -> None:
     warnings.filterwarnings("ignore", message=".*reproducibility mode")
     L.seed_everything(0)
     torch.set_num_threads(1)
-    module = small(noise_multiplier=1.0, dp_seed=7, critic_freq_base=1)
+    module = small(noise_multiplier=1.0, seed=7, critic_freq_base=1)
     trainer = quiet_trainer(
         out_dir, devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=1, use_distributed_sampler=False
     )

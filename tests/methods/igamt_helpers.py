@@ -28,8 +28,8 @@ def ehr_batch(b: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x * m, m
 
 
-def small(seed: int = 0, **kwargs) -> IGAMT:
-    torch.manual_seed(seed)
+def small(init_seed: int = 0, **kwargs) -> IGAMT:
+    torch.manual_seed(init_seed)
     return IGAMT(**(SMALL | kwargs))
 
 

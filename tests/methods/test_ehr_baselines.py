@@ -42,8 +42,8 @@ def ehr_batch(b: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x * m, m
 
 
-def small(name: str, seed: int = 0, **kwargs):
-    torch.manual_seed(seed)
+def small(name: str, init_seed: int = 0, **kwargs):
+    torch.manual_seed(init_seed)
     return BASELINES[name](**(SMALL | kwargs))
 
 
@@ -90,7 +90,7 @@ def spy(module, x, m):
 
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_noise_goes_exactly_on_the_components_that_read_real_data(name):
-    module = ready(small(name, noise_multiplier=1.0, dp_seed=1))
+    module = ready(small(name, noise_multiplier=1.0, seed=1))
     stepped, noised, reads = spy(module, *ehr_batch())
     assert noised == NOISED[name] == module.private_components()
     assert set(stepped) == set(module.component_modules())
@@ -104,9 +104,9 @@ def test_noise_goes_exactly_on_the_components_that_read_real_data(name):
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_sigma_zero_and_huge_clip_equal_the_non_dp_path_and_noise_changes_each_private_part(name):
     x, m = ehr_batch()
-    dp = with_sgd(ready(small(name, noise_multiplier=0.0, max_grad_norm=1e12, dp_seed=1)))
+    dp = with_sgd(ready(small(name, noise_multiplier=0.0, max_grad_norm=1e12, seed=1)))
     plain = with_sgd(ready(small(name, noise_multiplier=None)))
-    noisy = with_sgd(ready(small(name, noise_multiplier=1e-14, max_grad_norm=1e12, dp_seed=1)))  # noise std 0.01
+    noisy = with_sgd(ready(small(name, noise_multiplier=1e-14, max_grad_norm=1e12, seed=1)))  # noise std 0.01
     for module in (dp, plain, noisy):
         torch.manual_seed(5)
         module.train_iteration(x, m, 0)
@@ -138,7 +138,7 @@ def test_each_baseline_fits_a_few_dp_steps_on_the_ehr_data_and_accounts_them(nam
     data = EHRDataModule(num_records=40, num_steps=T, batch_size=8, val_fraction=0.1, test_fraction=0.1)
     sizes = {key: SMALL[key] for key in ("d_model", "heads", "d_ff", "noise_size", "critic_hidden")}
     torch.manual_seed(0)
-    module = BASELINES[name](max_steps=T, noise_multiplier=1.0, dp_seed=4, critic_freq_base=1, **sizes)
+    module = BASELINES[name](max_steps=T, noise_multiplier=1.0, seed=4, critic_freq_base=1, **sizes)
     before = flat(module).clone()
     quiet_trainer(tmp_path, max_epochs=1).fit(module, data)
     assert module.iteration == module.ledger.steps == 4  # 32 training records at expected batch size 8

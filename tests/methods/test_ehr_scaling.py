@@ -23,10 +23,10 @@ def data(scaling: str) -> EHRDataModule:
 
 
 def igamt(**kwargs) -> IGAMT:
-    return IGAMT(max_steps=T, noise_multiplier=1.0, dp_seed=1, synthetic_batch_size=4, **SIZES, **kwargs)
+    return IGAMT(max_steps=T, noise_multiplier=1.0, seed=1, synthetic_batch_size=4, **SIZES, **kwargs)
 
 
-@pytest.mark.parametrize("make", [igamt, lambda: EHRVAE(max_steps=T, noise_multiplier=1.0, dp_seed=1, **SIZES)])
+@pytest.mark.parametrize("make", [igamt, lambda: EHRVAE(max_steps=T, noise_multiplier=1.0, seed=1, **SIZES)])
 def test_training_scaling_is_refused_under_strict_dp_in_one_line(make, tmp_path):
     module = make()
     with pytest.raises(MisconfigurationException, match=r"strict_dp=True.*scaling='public'") as error:

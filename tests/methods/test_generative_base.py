@@ -73,7 +73,7 @@ def private_update(module, loss, batch):
 
 @pytest.mark.parametrize("engine", ["vmap", "ghost"])
 def test_private_update_is_clipped_sum_plus_noise_over_expected_batch(engine):
-    module = ready(ToyGAN(noise_multiplier=0.0, max_grad_norm=0.5, dp_seed=1, engine=engine))
+    module = ready(ToyGAN(noise_multiplier=0.0, max_grad_norm=0.5, seed=1, engine=engine))
     x, noise = torch.randn(16, 4) * 10, torch.randn(16, 2)
     total = private_update(module, "critic_loss", (x, noise)) * (0.25 * 64)
     # each example's contribution is at most C: removing one example changes the sum by at most C
@@ -84,13 +84,13 @@ def test_private_update_is_clipped_sum_plus_noise_over_expected_batch(engine):
 
 @pytest.mark.parametrize("engine", ["vmap", "ghost"])
 def test_noise_std_is_sigma_times_clip_over_expected_batch_and_only_on_private(engine):
-    module = ready(ToyGAN(noise_multiplier=2.0, max_grad_norm=0.5, dp_seed=3, engine=engine))
+    module = ready(ToyGAN(noise_multiplier=2.0, max_grad_norm=0.5, seed=3, engine=engine))
     module.critic = nn.Linear(4000, 1)
     module._clippers.clear()
     samples = private_update(module, "zero_loss", (torch.zeros(8, 4000), torch.zeros(8, 2)))
     expected = 2.0 * 0.5 / (0.25 * 64)
     assert abs(float(samples.std()) / expected - 1) < 0.05
-    public = ready(ToyGAN(noise_multiplier=2.0, dp_seed=3))
+    public = ready(ToyGAN(noise_multiplier=2.0, seed=3))
     before = flat(public, "generator")
     reference = ToyGAN(noise_multiplier=None)
     reference.configure_optimizers()
@@ -102,7 +102,7 @@ def test_noise_std_is_sigma_times_clip_over_expected_batch_and_only_on_private(e
 
 def test_sigma_zero_and_huge_clip_equals_the_non_dp_path():
     x, noise = torch.randn(16, 4), torch.randn(16, 2)
-    dp = ready(ToyGAN(noise_multiplier=0.0, max_grad_norm=1e12, dp_seed=1))  # expected batch 0.25 * 64 = 16
+    dp = ready(ToyGAN(noise_multiplier=0.0, max_grad_norm=1e12, seed=1))  # expected batch 0.25 * 64 = 16
     plain = ToyGAN(noise_multiplier=None)
     plain.configure_optimizers()
     for module in (dp, plain):
@@ -112,7 +112,7 @@ def test_sigma_zero_and_huge_clip_equals_the_non_dp_path():
 
 def test_noise_comes_from_the_secret_root_not_the_global_rng():
     def draw(seed):
-        module = ToyGAN(noise_multiplier=1.0, dp_seed=seed)
+        module = ToyGAN(noise_multiplier=1.0, seed=seed)
         ready(module)
         torch.manual_seed(0)
         return private_update(module, "zero_loss", (torch.zeros(4, 4), torch.zeros(4, 2)))
@@ -123,7 +123,7 @@ def test_noise_comes_from_the_secret_root_not_the_global_rng():
 
 
 def test_one_event_per_iteration_at_sigma_over_sqrt_k():
-    module = ready(ToyGAN(private=("critic", "generator"), noise_multiplier=1.5, dp_seed=1, accountant="rdp"))
+    module = ready(ToyGAN(private=("critic", "generator"), noise_multiplier=1.5, seed=1, accountant="rdp"))
     module._releases = 3
     module.record_iteration()
     module.record_iteration()  # no release: nothing recorded
@@ -136,7 +136,7 @@ def test_one_event_per_iteration_at_sigma_over_sqrt_k():
 
 
 def test_batch_clipping_is_only_nominal():
-    module = ready(ToyGAN(noise_multiplier=1.0, clip_mode="batch", dp_seed=1, accountant="rdp"))
+    module = ready(ToyGAN(noise_multiplier=1.0, clip_mode="batch", seed=1, accountant="rdp"))
     module.delta = 1e-5
     module._private_gradients(
         "critic", "critic_loss", module.component_parameters()["critic"], (torch.randn(4, 4), torch.randn(4, 2))
@@ -158,7 +158,7 @@ def test_components_must_be_disjoint_and_cover_every_parameter():
 
 
 def test_a_private_optimizer_step_outside_component_step_is_refused():
-    module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
+    module = ready(ToyGAN(noise_multiplier=1.0, seed=1))
     module.component_step("critic", "critic_loss", (torch.randn(4, 4), torch.randn(4, 2)))  # the private path
     critic_optimizer, generator_optimizer = module._raw_optimizers
     module.critic_loss(torch.randn(4, 4), torch.randn(4, 2)).mean().backward()  # a plain, un-noised gradient
@@ -168,7 +168,7 @@ def test_a_private_optimizer_step_outside_component_step_is_refused():
 
 
 def test_a_tensor_in_a_private_optimizer_outside_the_component_is_refused():
-    module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
+    module = ready(ToyGAN(noise_multiplier=1.0, seed=1))
     extra = torch.zeros(3, requires_grad=True)
     module._raw_optimizers[0].add_param_group({"params": [extra]})
     with pytest.raises(PrivateStepBypassed, match="not a trainable parameter of the module"):
@@ -177,7 +177,7 @@ def test_a_tensor_in_a_private_optimizer_outside_the_component_is_refused():
 
 
 def test_a_buffer_written_during_a_private_iteration_stops_it_and_is_restored():
-    module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
+    module = ready(ToyGAN(noise_multiplier=1.0, seed=1))
     module.critic.register_buffer("seen", torch.zeros(()))
     module.on_train_batch_start(None, 0)
     x = torch.randn(4, 4)
@@ -188,7 +188,7 @@ def test_a_buffer_written_during_a_private_iteration_stops_it_and_is_restored():
 
 
 def test_a_private_component_needs_a_per_example_loss():
-    module = ready(ToyGAN(noise_multiplier=1.0, dp_seed=1))
+    module = ready(ToyGAN(noise_multiplier=1.0, seed=1))
     with pytest.raises(TypeError, match="per-example loss method"):
         module.component_step("critic", module.generator_loss)
 
@@ -219,7 +219,7 @@ class Data(L.LightningDataModule):
 
 
 def test_fit_poisson_samples_accounts_and_checkpoints_the_ledger(tmp_path):
-    module = ToyGAN(noise_multiplier=1.0, dp_seed=2)
+    module = ToyGAN(noise_multiplier=1.0, seed=2)
     trainer = quiet_trainer(tmp_path, max_epochs=2)
     trainer.fit(module, Data())
     assert module.loaders.sample_rate == 0.25 and module.delta == 1e-3

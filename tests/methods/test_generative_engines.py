@@ -25,12 +25,12 @@ from tests.methods.test_ehr_baselines import SMALL as EHR_SMALL
 
 
 def _igamt(strict_dp: bool) -> nn.Module:
-    return ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=strict_dp, engine="vmap"))
+    return ready(small(noise_multiplier=1.0, seed=1, strict_dp=strict_dp, engine="vmap"))
 
 
 def _baseline(name: str) -> nn.Module:
     torch.manual_seed(0)
-    return ready(BASELINES[name](**(EHR_SMALL | dict(noise_multiplier=1.0, dp_seed=1, engine="vmap"))))
+    return ready(BASELINES[name](**(EHR_SMALL | dict(noise_multiplier=1.0, seed=1, engine="vmap"))))
 
 
 MODULES = {"igamt_strict": lambda: _igamt(True), "igamt_thesis": lambda: _igamt(False)}
@@ -94,7 +94,7 @@ def test_a_gradient_penalty_is_never_clipped_with_ghost_norms(monkeypatch):
 
 def test_the_engine_is_chosen_per_component_and_logged(monkeypatch):
     assert small().engine == "vmap"
-    module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=False, engine="auto"))
+    module = ready(small(noise_multiplier=1.0, seed=1, strict_dp=False, engine="auto"))
     messages = []
     monkeypatch.setattr("lightning_dprobust.methods.generative_base.rank_zero_info", messages.append)
     x, m = ehr_batch(5)

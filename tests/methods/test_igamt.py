@@ -63,7 +63,7 @@ def spy_components(module, x):
 
 
 def test_strict_dp_noises_every_component_that_reads_real_data():
-    module = ready(small(noise_multiplier=1.0, dp_seed=1))
+    module = ready(small(noise_multiplier=1.0, seed=1))
     stepped, noised, reads = spy_components(module, ehr_batch()[0])
     assert stepped == ["critics", "encoder", "decoder", "imitator", "imitator", "generator"]  # authors: 2 Dec_i steps
     assert noised == {"critics", "encoder", "decoder"} == module.private_components()
@@ -72,7 +72,7 @@ def test_strict_dp_noises_every_component_that_reads_real_data():
 
 
 def test_thesis_wiring_noises_critics_and_dec_last_only_and_is_nominal():
-    module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=False))
+    module = ready(small(noise_multiplier=1.0, seed=1, strict_dp=False))
     stepped, noised, reads = spy_components(module, ehr_batch()[0])
     assert stepped == ["critics", "encoder", "decoder_body", "decoder_last", "imitator", "imitator", "generator"]
     assert noised == {"critics", "decoder_last"}
@@ -104,13 +104,13 @@ def with_sgd(module):
 @pytest.mark.parametrize("strict_dp", [True, False])
 def test_sigma_zero_and_huge_clip_equal_the_non_dp_path(strict_dp):
     x, m = ehr_batch()
-    dp = with_sgd(ready(small(noise_multiplier=0.0, max_grad_norm=1e12, dp_seed=1, strict_dp=strict_dp)))
+    dp = with_sgd(ready(small(noise_multiplier=0.0, max_grad_norm=1e12, seed=1, strict_dp=strict_dp)))
     plain = with_sgd(ready(small(noise_multiplier=None, strict_dp=strict_dp)))
     for module in (dp, plain):
         torch.manual_seed(5)
         module.train_iteration(x, m, 0)
     torch.testing.assert_close(flat(dp), flat(plain), rtol=1e-5, atol=1e-7)
-    noisy = with_sgd(ready(small(noise_multiplier=1e-12, max_grad_norm=1e12, dp_seed=1, strict_dp=strict_dp)))
+    noisy = with_sgd(ready(small(noise_multiplier=1e-12, max_grad_norm=1e12, seed=1, strict_dp=strict_dp)))
     torch.manual_seed(5)
     noisy.train_iteration(x, m, 0)
     assert not torch.allclose(flat(noisy), flat(plain), rtol=1e-5, atol=1e-7)
@@ -118,7 +118,7 @@ def test_sigma_zero_and_huge_clip_equal_the_non_dp_path(strict_dp):
 
 @pytest.mark.parametrize("strict_dp", [True, False])
 def test_an_empty_poisson_batch_still_releases_noise_and_is_accounted(strict_dp):
-    module = ready(small(noise_multiplier=1.0, dp_seed=1, strict_dp=strict_dp))
+    module = ready(small(noise_multiplier=1.0, seed=1, strict_dp=strict_dp))
     before = {name: flat(part) for name, part in (("critics", module.critic_x), ("last", module.decoder.last))}
     x, m = ehr_batch()
     module.train_iteration(x[:0], m[:0], 0)
@@ -183,7 +183,7 @@ def test_released_artifact_is_g_imitator_and_last_layer_and_synthesizes_alone(tm
 
 
 def test_fit_accounts_every_iteration_at_sigma_over_sqrt_k(tmp_path):
-    module = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2, critic_freq_hit=1, accountant="rdp")
+    module = small(noise_multiplier=1.0, seed=4, critic_freq_base=2, critic_freq_hit=1, accountant="rdp")
     trainer = quiet_trainer(tmp_path, max_epochs=1)
     trainer.fit(module, EHRData(n=16, batch_size=4))
     assert module.iteration == 4 and module.loaders.sample_rate == 0.25
@@ -206,7 +206,7 @@ def test_the_imitator_takes_its_loss_forms_steps_and_the_ledger_counts_every_rel
 ):
     """The authors' code steps Dec_i twice per iteration (``igamt_utils.py``, "step 6: Update Imi"); under strict_dp
     Dec_i reads no real data, so neither step is a release: the ledger composes the critics', Enc's and Dec's."""
-    module = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2, accountant="rdp", loss_form=loss_form)
+    module = small(noise_multiplier=1.0, seed=4, critic_freq_base=2, accountant="rdp", loss_form=loss_form)
     steps = []
     configure = module.configure_optimizers
 
@@ -250,13 +250,13 @@ def test_bad_batches_are_refused_in_one_line():
 
 
 def test_a_resumed_fit_reports_the_epsilon_of_an_unbroken_one(tmp_path):
-    unbroken = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    unbroken = small(noise_multiplier=1.0, seed=4, critic_freq_base=2)
     quiet_trainer(tmp_path / "a", max_epochs=2).fit(unbroken, EHRData(n=16, batch_size=8))
-    first = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    first = small(noise_multiplier=1.0, seed=4, critic_freq_base=2)
     trainer = quiet_trainer(tmp_path / "b", max_epochs=1)
     trainer.fit(first, EHRData(n=16, batch_size=8))
     trainer.save_checkpoint(tmp_path / "one.ckpt")
-    resumed = small(noise_multiplier=1.0, dp_seed=4, critic_freq_base=2)
+    resumed = small(noise_multiplier=1.0, seed=4, critic_freq_base=2)
     quiet_trainer(tmp_path / "c", max_epochs=2).fit(
         resumed, EHRData(n=16, batch_size=8), ckpt_path=tmp_path / "one.ckpt"
     )

@@ -65,3 +65,16 @@ def test_a_config_naming_noise_seed_still_parses():
             CONFIG_DIR / "stobatch" / "digits.yaml", ["--trainer.logger=false", "--model.init_args.noise_seed=7"]
         )
     assert cli.model.hparams["seed"] == 7 and "noise_seed" not in cli.model.hparams
+
+
+def test_dp_seed_is_the_deprecated_name_of_the_generative_modules_seed():
+    """IGAMT and the EHR baselines (``GenerativeDPModule``): ``dp_seed`` warns once and is saved as ``seed``."""
+    from tests.methods.igamt_helpers import small
+
+    with pytest.warns(FutureWarning, match=r"IGAMT\(dp_seed=\.\.\.\) is deprecated: write seed=4"):
+        old = small(noise_multiplier=1.0, dp_seed=4)
+    new = small(noise_multiplier=1.0, seed=4)
+    assert old.hparams["seed"] == new.hparams["seed"] == 4 and "dp_seed" not in old.hparams
+    assert old.randomness.seed == new.randomness.seed == 4
+    with pytest.raises(ValueError, match="seed=1 and dp_seed=2, one seed under two names"):
+        small(noise_multiplier=1.0, seed=1, dp_seed=2)

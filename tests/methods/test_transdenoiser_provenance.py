@@ -31,7 +31,9 @@ def test_there_are_shipped_digits_denoisers_and_mnist_and_cifar10_recipes():
 def test_the_denoiser_trains_on_the_private_half_and_its_classifier_on_the_public_half(entry):
     recipe = entry.meta["recipe"]
     if entry.shipped:
-        assert recipe["config_sha256"] == config_sha256(recipe["config"]), f"{entry.name} was built from another version of {recipe['config']}"
+        assert recipe["config_sha256"] == config_sha256(recipe["config"]), (
+            f"{entry.name} was built from another version of {recipe['config']}"
+        )
     config, _ = recipe_config(entry)
     assert config["data"]["init_args"].get("train_part", "all") == "private"
     assert config["model"]["init_args"]["classifier"] == entry.meta["classifier"]

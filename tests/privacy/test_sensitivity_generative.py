@@ -19,7 +19,7 @@ C = 0.5
 
 
 def _module(name: str):
-    arguments = {"noise_multiplier": 0.0, "max_grad_norm": C, "dp_seed": 1}
+    arguments = {"noise_multiplier": 0.0, "max_grad_norm": C, "seed": 1}
     if name == "igamt":
         return small(**arguments)
     torch.manual_seed(0)

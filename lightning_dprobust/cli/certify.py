@@ -72,8 +72,6 @@ def _check_certify(args: argparse.Namespace) -> None:
     check_common(args)
     if given := pixeldp_flags_given(args):
         raise ValueError(f"{', '.join(given)}: only with --method pixeldp (add it, or leave these flags out)")
-    if not args.ckpt and args.denoiser is None:
-        raise ValueError("dprobust certify: --ckpt_path is required (a .ckpt or a zoo name; repeat for several)")
     args.n = 100_000 if args.n is None else args.n
     require(args.sigma is None or (math.isfinite(args.sigma) and args.sigma > 0), "--sigma", args.sigma,
             "a finite number > 0")  # fmt: skip
@@ -128,6 +126,8 @@ def certify_command(argv: Sequence[str]) -> None:
     """
     parser = _certify_parser()
     args = parser.parse_args(argv)
+    if not args.ckpt and (args.denoiser is None or args.method == "pixeldp"):
+        raise ValueError("dprobust certify: --ckpt_path is required (a .ckpt or a zoo name; repeat for several)")
     if args.method == "pixeldp":
         check_common(args)
         check_pixeldp(args, parser)

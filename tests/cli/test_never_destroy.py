@@ -226,3 +226,11 @@ def test_wandb_flags_without_a_wandb_logger_are_refused(workdir, capsys):
     argv = ["fit", "--config", str(SHIPPED_DPSGD), "--trainer.logger", "false", "--wandb.group", "g"]
     assert main(argv) == 2
     assert "--wandb.group: this run has no W&B logger" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [[], ["--method", "pixeldp"]])
+def test_certify_without_a_checkpoint_is_one_line(extra, capsys):
+    assert main(["certify", "--no-wandb", *extra]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "dprobust: error: dprobust certify: --ckpt_path is required (a .ckpt or a zoo name; repeat for several)"
+    )

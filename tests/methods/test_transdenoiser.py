@@ -293,7 +293,7 @@ def test_certify_command_takes_a_denoiser_checkpoint_in_front_of_a_classifier(tm
     quiet_trainer(tmp_path, max_steps=2, enable_checkpointing=True, callbacks=[saver]).fit(module, digits())
     restored = load_classifier(str(tmp_path / "td.ckpt"))
     assert isinstance(restored, TransDenoiser)
-    small = ["--n0", "10", "--n", "50", "--max-examples", "4", "--no-progress", "--no-wandb", "--device", "cpu"]
+    small = ["--n0", "10", "--n", "50", "--max_examples", "4", "--no-progress", "--no-wandb", "--device", "cpu"]
     pair = ["--ckpt", "mlp_tanh.erm_digits", "--denoiser", str(tmp_path / "td.ckpt")]
     assert main(["certify", *pair, *small, "--out", str(tmp_path / "pair")]) == 0
     assert main(["certify", "--ckpt", str(tmp_path / "td.ckpt"), *small, "--out", str(tmp_path / "alone")]) == 0

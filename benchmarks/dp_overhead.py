@@ -395,6 +395,16 @@ def table_cells(case: str, results: dict[str, dict]) -> list[list[str]]:
     return rows
 
 
+def check_cost(case: str, results: dict[str, dict]) -> str | None:
+    """``'<case>: ghost / ghost-unchecked 1.02x [0.99-1.09]'``, the per-round ratio of the ghost engine with its
+    periodic check over the same engine without it (:data:`UNCHECKED`), when both ran; ``None`` otherwise."""
+    ghost, unchecked = results.get("ghost", {}), results.get(UNCHECKED, {})
+    if "rounds" not in ghost or "rounds" not in unchecked:
+        return None
+    ratios = [a / b for a, b in zip(ghost["rounds"], unchecked["rounds"], strict=True)]
+    return f"{case}: ghost / {UNCHECKED} {spread(ratios)}"
+
+
 def _ratio(value: float | str, reference: float | str) -> str:
     ok = isinstance(value, float) and isinstance(reference, float) and reference > 0
     return f"{value / reference:.2f}x" if ok else ""
@@ -430,6 +440,8 @@ def main() -> None:
         everything[case] = measure_case(case, modes, args.rounds, args.steps, args.device, args.per_round)
         rows += table_cells(case, everything[case])
         print("\n".join(table_rows(case, everything[case])), flush=True)
+    check_costs = [line for case in args.cases if (line := check_cost(case, everything[case]))]
+    print("\n".join(check_costs))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(everything, handle, indent=2)
@@ -440,7 +452,8 @@ def main() -> None:
         columns=HEADER,
         rows=rows,
         notes=f"one run; {args.rounds} interleaved rounds x {args.steps} steps ({args.per_round} per round), threads "
-        f"{torch.get_num_threads()}; time ratio: median over rounds [min-max]; memory: see benchmarks/dp_overhead.py",
+        f"{torch.get_num_threads()}; time ratio: median over rounds [min-max]; memory: see benchmarks/dp_overhead.py"
+        + "".join(f"; {line}" for line in check_costs),
         raw=everything,
         device=args.device,
         directory=args.results_dir,

@@ -31,6 +31,8 @@ def test_the_check_cost_modes_run_and_report_a_ratio_per_mode():
         assert found, row
         median, low, high = map(float, found.groups())
         assert low <= median <= high
+    cost = re.search(r"cnn_tanh/b2: ghost / ghost-unchecked (\d+\.\d\d)x \[(\d+\.\d\d)-(\d+\.\d\d)\]", done.stdout)
+    assert cost, done.stdout
 
 
 def test_the_unchecked_mode_differs_from_ghost_only_in_its_check_schedule():

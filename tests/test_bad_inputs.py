@@ -273,6 +273,27 @@ def with_foreign_hyperparameter(path: Path) -> None:
     torch.save(checkpoint, path)
 
 
+IGAMT_RECIPE = composed_config(ROOT / "configs" / "igamt" / "synthetic.yaml")
+
+
+def ehr_csv_with(value: str) -> Build:
+    """``dprobust fit`` of the IGAMT recipe, two steps, on a long-format EHR CSV whose one measurement is ``value``."""
+
+    def build(folder: Path, finished: Path) -> list[str]:
+        rows = [f"p{i},{t},hr,{value if (i, t) == (3, 1) else 70 + t},{30 + i}" for i in range(40) for t in range(3)]
+        (folder / "ehr.csv").write_text("patient,time,feature,value,age\n" + "\n".join(rows) + "\n")
+        config = copy.deepcopy(IGAMT_RECIPE)
+        config["trainer"].update(logger=False, max_steps=2, enable_progress_bar=False, enable_model_summary=False)
+        config["model"]["init_args"].update(num_features=2, static_continuous=1, static_groups=[], max_steps=3)
+        ranges = {"time_increment": [0, 2], "hr": [0, 200], "age": [0, 100]}
+        config["data"]["init_args"] = {"source": "csv", "csv_path": str(folder / "ehr.csv"), "scaling": "public",
+                                       "num_steps": 3, "batch_size": 8, "ranges": ranges}  # fmt: skip
+        (folder / "ehr.yaml").write_text(yaml.safe_dump(config))
+        return ["fit", "--config", str(folder / "ehr.yaml")]
+
+    return build
+
+
 DENOISER = "dncnn_gn.transdenoiser_digits_eps1_s025"
 
 
@@ -412,6 +433,8 @@ CATALOGUE = [
     Bad("labels-out-of-range", fit(digits_via("OneBasedLabelDigits")), r"labels span \[1, 10\] but the model has 10"),
     Bad("wrong-image-size", fit(digits_via("PaddedDigits")), r"images of shape \(1, 10, 10\) .*built for \(1, 8, 8\)"),
     Bad("normalized-pixels", fit(digits_via("NormalizedDigits")), r"outside \[0, 1\].*remove Normalize"),
+    Bad("ehr-csv-infinite-value", ehr_csv_with("inf"), r"ehr.csv, line 12: value 'inf' \(patient 'p3'\) is not a fini"),
+    Bad("ehr-csv-nan-value", ehr_csv_with("NaN"), r"ehr.csv, line 12: value 'NaN' \(patient 'p3'\) is not a finite"),
     # checkpoints
     Bad("resume-missing-checkpoint", fit(resume=lambda f, r: f / "nope.ckpt"), r"nope.ckpt (does not exist|not found)"),
     Bad("resume-truncated-checkpoint", fit(resume=damaged(truncate)), r"damaged.ckpt .*is truncated, damaged or not"),

@@ -15,6 +15,9 @@ from lightning_dprobust.data.base import DatasetNotFoundError
 from lightning_dprobust.data.ehr_records import RawRecord
 
 COLUMNS = ("patient", "time", "feature", "value")
+# Fields read as a missing value (besides an empty one): the markers of R, SQL and spreadsheets. NaN is not among
+# them: a NaN or an infinity in a CSV is a computation gone wrong upstream, and is refused (see _check_finite).
+MISSING_MARKERS = ("", "NA", "N/A", "n/a", "<NA>", "#N/A", "NULL", "null", "None")
 PRIVACY_UNIT = "per patient (all rows of one 'patient' value form one record)"
 
 
@@ -40,6 +43,26 @@ def _hours(times: pd.Series, path: Path) -> pd.Series:
     return (stamps - stamps.min()).dt.total_seconds() / 3600.0
 
 
+def _check_finite(path: Path, frame: pd.DataFrame) -> None:
+    """Raise ``ValueError`` naming the line of the first time, value or numeric static field that reads as NaN or
+    infinity (``nan``, ``inf``, ``-Infinity``, ``1e400``, ...); the missing markers stay missing."""
+    text = pd.read_csv(path, dtype=str, keep_default_na=False)
+    static = [c for c in frame.columns if c not in COLUMNS and pd.api.types.is_numeric_dtype(frame[c])]
+    for column in ("time", "value", *static):
+        fields = text[column].str.strip()
+        numbers = pd.to_numeric(fields.where(~fields.isin(MISSING_MARKERS)), errors="coerce")
+        spelled = fields.str.lower().str.lstrip("+-").str.replace(r"^\d+\.#(ind|qnan|inf)$", "nan", regex=True)
+        bad = ~fields.isin(MISSING_MARKERS) & (np.isinf(numbers) | (numbers.isna() & spelled.eq("nan")))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            patient = text["patient"].iloc[row] if "patient" in text.columns else None
+            raise ValueError(
+                f"{path}, line {row + 2}: {column} {text[column].iloc[row]!r} (patient {patient!r}) is not a finite "
+                "number: NaN and infinity are no measurement, and would be trained on as missing or clipped. Fix "
+                "what computed it, or write a missing value as an empty field (or drop the row)"
+            )
+
+
 def read_long_csv(path: str | os.PathLike, features: Sequence[str] | None = None) -> LongTable:
     """Read ``patient, time, feature, value`` rows (extra columns are static features) into one record per patient.
 
@@ -51,8 +74,9 @@ def read_long_csv(path: str | os.PathLike, features: Sequence[str] | None = None
 
     Raises:
         DatasetNotFoundError: if the file does not exist.
-        ValueError: if a required column is missing, a time or value cannot be read, or ``features`` misses one in
-            the file.
+        ValueError: if a required column is missing, a time or value cannot be read, a time, value or static field
+            is NaN or infinite (``nan``, ``inf``; the markers ``NA``, ``NULL``, ... and an empty field are missing
+            values), or ``features`` misses one in the file.
     """
     path = Path(path).expanduser()
     if not path.is_file():
@@ -67,6 +91,7 @@ def read_long_csv(path: str | os.PathLike, features: Sequence[str] | None = None
             f"{path} lacks the column(s) {absent} (found {list(frame.columns)}): a long-format EHR CSV needs "
             f"{', '.join(COLUMNS)}, one row per measurement"
         )
+    _check_finite(path, frame)
     frame["time"] = _hours(frame["time"], path)
     values = pd.to_numeric(frame["value"], errors="coerce")
     if (values.isna() & frame["value"].notna()).any():

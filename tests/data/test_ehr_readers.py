@@ -74,6 +74,34 @@ def test_long_csv_bad_files_are_refused_with_one_line(tmp_path):
         read_long_csv(write_csv(tmp_path / "b.csv", "patient,time,feature,value", ["a,0,hr,high"]))
 
 
+@pytest.mark.parametrize(
+    ("header", "row", "phrase"),
+    [
+        ("patient,time,feature,value", "a,1,hr,inf", "line 3: value 'inf' (patient 'a')"),
+        ("patient,time,feature,value", "a,1,hr,-Infinity", "line 3: value '-Infinity' (patient 'a')"),
+        ("patient,time,feature,value", "a,1,hr,NaN", "line 3: value 'NaN' (patient 'a')"),
+        ("patient,time,feature,value", "a,1,hr,1e400", "line 3: value '1e400' (patient 'a')"),
+        ("patient,time,feature,value", "a,inf,hr,1", "line 3: time 'inf' (patient 'a')"),
+        ("patient,time,feature,value,age", "a,1,hr,1,inf", "line 3: age 'inf' (patient 'a')"),
+    ],
+)
+def test_long_csv_refuses_nan_and_infinite_numbers_naming_the_line(tmp_path, header, row, phrase):
+    """NaN or infinity in a CSV is a computation gone wrong upstream, not a measurement: read as missing or clipped
+    to a declared range, it would be trained on silently."""
+    extra = ",40" if header.endswith("age") else ""
+    path = write_csv(tmp_path / "ehr.csv", header, [f"a,0,hr,80{extra}", row])
+    with pytest.raises(ValueError, match="is not a finite number") as error:
+        read_long_csv(path)
+    assert phrase in str(error.value) and "empty field" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_long_csv_missing_markers_stay_missing(tmp_path):
+    rows = ["a,0,hr,80,40", "a,1,hr,,40", "a,2,hr,NA,", "a,3,hr,NULL,N/A"]
+    table = read_long_csv(write_csv(tmp_path / "ehr.csv", "patient,time,feature,value,age", rows))
+    np.testing.assert_array_equal(table.records[0].values.ravel(), [80.0, np.nan, np.nan, np.nan])
+    assert table.records[0].static == {"age": 40.0}
+
+
 def test_with_training_scaling_the_test_split_does_not_change_the_scalers_or_the_training_tensors(tmp_path):
     records = synthetic_records(60, seed=6)
     base = EHRDataModule(

@@ -23,7 +23,7 @@ from lightning_dprobust import zoo
 from lightning_dprobust.cli import main
 from lightning_dprobust.data import DigitsDataModule
 from lightning_dprobust.recipes import composed_config
-from tests.data.fake_data import truncate, write_cifar, write_idx, write_mnist
+from tests.data.fake_data import truncate, write_cifar, write_idc, write_idx, write_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = composed_config(ROOT / "configs" / "dpsgd" / "digits.yaml")
@@ -325,6 +325,11 @@ def small_test_images(raw: Path) -> None:
     write_idx(raw / "t10k-images-idx3-ubyte", np.zeros((10, 27, 27), np.uint8))
 
 
+def negatives_only(root: Path) -> None:
+    """IDC patient folders in the official layout, each without its ``1/`` (IDC-positive) folder."""
+    write_idc(root, {str(patient): (4, 0) for patient in range(8)})
+
+
 def bad_test_labels(raw: Path) -> None:
     write_idx(raw / "t10k-labels-idx1-ubyte", np.full(10, 12, np.uint8))
 
@@ -433,6 +438,8 @@ CATALOGUE = [
     Bad("labels-out-of-range", fit(digits_via("OneBasedLabelDigits")), r"labels span \[1, 10\] but the model has 10"),
     Bad("wrong-image-size", fit(digits_via("PaddedDigits")), r"images of shape \(1, 10, 10\) .*built for \(1, 8, 8\)"),
     Bad("normalized-pixels", fit(digits_via("NormalizedDigits")), r"outside \[0, 1\].*remove Normalize"),
+    Bad("idc-class-absent", fit(data("lightning_dprobust.data.IDCDataModule", negatives_only, train_size=0.4,
+        test_size=0.25)), r"found no patch of class 1 .*<patient_id>/1/"),
     Bad("ehr-csv-infinite-value", ehr_csv_with("inf"), r"ehr.csv, line 12: value 'inf' \(patient 'p3'\) is not a fini"),
     Bad("ehr-csv-nan-value", ehr_csv_with("NaN"), r"ehr.csv, line 12: value 'NaN' \(patient 'p3'\) is not a finite"),
     # checkpoints

@@ -20,6 +20,7 @@ from lightning_dprobust.data.splits import split_groups
 PATCH = 50
 WHITE = (255, 255, 255)
 PATIENT_FILES = ["<patient_id>/0/*.png", "<patient_id>/1/*.png"]
+CLASSES = ("no invasive ductal carcinoma", "invasive ductal carcinoma")
 
 
 def pad_patch(image: Image.Image) -> Image.Image:
@@ -51,7 +52,9 @@ class IDCDataModule(ImageDataModule):
 
     Integrity: no checksums are published. With integer sizes (the paper's split) the folder must hold all
     ``total_patches`` patches; with fractions any number is accepted. An image that cannot be decoded or is larger
-    than 50x50 raises ``DatasetNotFoundError`` naming it when it is read.
+    than 50x50 raises ``DatasetNotFoundError`` naming it when it is read. A folder without any patch of one class
+    raises ``DatasetNotFoundError``, and a train split without one (too few patients of that class in a subset) a
+    ``ValueError``: a model trained on one class learns a constant.
 
     Args:
         train_size: patches in the train split, as a count (int) or a fraction of all patches (float in (0, 1)).
@@ -95,7 +98,23 @@ class IDCDataModule(ImageDataModule):
         if self.train_set is not None:
             return
         paths, labels, patients = self._scan()
+        for label in (0, 1):
+            if not (labels == label).any():
+                raise self.source.incomplete(
+                    self.data_dir,
+                    f"found no patch of class {label} ({CLASSES[label]}, <patient_id>/{label}/*.png) among its "
+                    f"{len(paths)} patches of {len(set(patients.tolist()))} patients: a model trained on one class "
+                    "learns a constant. Put each patient's 0/ and 1/ folders in place",
+                )
         test, train, val = split_groups(patients, self._targets(len(paths)), self.seed)
+        absent = sorted(set(range(self.num_classes)) - set(labels[train].tolist()))
+        if absent:
+            raise ValueError(
+                f"the train split of {self.data_dir} ({len(train)} patches of {len(set(patients[train].tolist()))} "
+                f"patients) holds no patch of class {absent[0]} ({CLASSES[absent[0]]}): too few patients of that "
+                "class for a split by patient. Use more of the dataset (a larger --data.train_size, more patients) "
+                "or another --data.seed"
+            )
         sets = {}
         for split, index in (("train", train), ("val", val), ("test", test)):
             targets = torch.from_numpy(labels[index])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,27 @@ def test_too_few_patients_for_three_splits(tmp_path):
     write_idc(tmp_path, {"1": (2, 2), "2": (2, 2)})
     with pytest.raises(ValueError, match="2 groups cannot fill 3 non-empty parts"):
         make(tmp_path)
+
+
+@pytest.mark.parametrize("absent", [0, 1])
+def test_a_class_absent_from_the_folder_is_refused(tmp_path, absent):
+    """Without one class's folders a model learns a constant and reports its accuracy as if it had learnt IDC."""
+    write_idc(tmp_path, {patient: (0, n) if absent == 0 else (n, 0) for patient, (n, _) in PATCHES.items()})
+    with pytest.raises(DatasetNotFoundError, match=f"found no patch of class {absent} .*<patient_id>/{absent}/") as e:
+        make(tmp_path)
+    assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_a_training_split_without_one_class_is_refused(tmp_path):
+    write_idc(tmp_path, {**{str(n): (3, 0) for n in range(7)}, "7": (2, 3)})
+    refused = 0
+    for seed in range(8):
+        try:
+            datamodule = make(tmp_path, seed=seed)
+        except ValueError as error:
+            assert re.search(r"the train split .* holds no patch of class 1 .*--data.seed", str(error))
+            assert "\n" not in str(error)
+            refused += 1
+        else:
+            assert set(datamodule.train_set.targets.tolist()) == {0, 1}
+    assert 0 < refused < 8

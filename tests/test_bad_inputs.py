@@ -294,6 +294,23 @@ def ehr_csv_with(value: str) -> Build:
     return build
 
 
+def recipe(path: str, **model_args) -> Build:
+    """``dprobust fit`` of the shipped recipe ``configs/<path>``, two steps, no logger, ``model_args`` over its
+    model's."""
+
+    def build(folder: Path, finished: Path) -> list[str]:
+        config = composed_config(ROOT / "configs" / path)
+        config["trainer"].update(logger=False, max_steps=2, enable_progress_bar=False, enable_model_summary=False)
+        config["model"]["init_args"].update(model_args)
+        (folder / "recipe.yaml").write_text(yaml.safe_dump(config))
+        return ["fit", "--config", str(folder / "recipe.yaml")]
+
+    return build
+
+
+MNIST5K_CLASSIFIER = "cnn_tanh.erm_mnist5k"  # 1x28x28 inputs, where the digits recipes have 1x8x8
+
+
 DENOISER = "dncnn_gn.transdenoiser_digits_eps1_s025"
 
 
@@ -501,6 +518,15 @@ CATALOGUE = [
     Bad("resume-nan-weights", fit(more_steps, resume=damaged(nan_weight)), r"damaged.ckpt has non-finite weights \("),
     Bad("resume-foreign-hyperparameters", fit(more_steps, resume=damaged(with_foreign_hyperparameter)),
         r"holds hyperparameters that DPSGD does not take: \['bogus'\]"),
+    Bad("transdenoiser-classifier-of-another-dataset",
+        recipe("transdenoiser/digits.yaml", classifier=MNIST5K_CLASSIFIER),
+        r"TransDenoiser\(classifier='cnn_tanh.erm_mnist5k'\) does not take inputs of shape \(1, 8, 8\)"),
+    Bad("ain-target-of-another-dataset", recipe("ain/digits.yaml", target=MNIST5K_CLASSIFIER),
+        r"AIN\(target='cnn_tanh.erm_mnist5k'\) does not take inputs of shape \(1, 8, 8\)"),
+    Bad("attack-ain-of-another-dataset", lambda f, r: ["attack", "--ckpt_path", MNIST5K_CLASSIFIER, "--data", "mnist5k",
+        "--attack", "AIN", "--ain", "ain_generator.ain_digits_target8", "--eps", "0.5", "--max_examples", "8",
+        "--no-wandb"], r"--ain ain_generator.ain_digits_target8 was trained on inputs of shape \(1, 8, 8\) with 10 "
+        r"classes, but the attacked images have \(1, 28, 28\)"),
     # nothing destroyed
     Bad("certify-out-holds-files", lambda f, r: ["certify", "--ckpt_path", str(r / LAST), "--out",
         str(a_file(f, r).parent)], r"--out .* already holds files.*--overwrite"),

@@ -122,6 +122,8 @@ def attack_command(argv: Sequence[str]) -> None:
     out, metrics, written = run_folder(args.out, "attack", next(iter(models))), {}, []
     for label, model in models.items():
         suite = {name: build_cli_attack(name, model, args, num_classes) for name in names}
+        if _NEEDS_AIN in suite:  # an AIN trained on another dataset: one line, before anything is evaluated
+            suite[_NEEDS_AIN].check_fits(dataset[0][0].shape, num_classes, f"--ain {args.ain}")
         loader = DataLoader(dataset, batch_size=args.batch_size)
         results = robust_accuracy(model, loader, suite, device=device, max_examples=args.max_examples, seed=args.seed)
         table = format_table(results)

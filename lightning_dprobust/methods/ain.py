@@ -22,7 +22,7 @@ from lightning_dprobust.core.ain_schedule import BoundController, check_decay
 from lightning_dprobust.data.validation import check_batch
 from lightning_dprobust.methods.ain_logging import log_examples
 from lightning_dprobust.methods.base import ClassifierModule
-from lightning_dprobust.methods.transdenoiser import load_public_classifier
+from lightning_dprobust.methods.transdenoiser import check_classifier_fits, load_public_classifier
 from lightning_dprobust.models.ain import AINGenerator
 from lightning_dprobust.robustness.ain_attack import CONDITIONS, Condition
 from lightning_dprobust.robustness.attacks import attack_guard
@@ -336,7 +336,8 @@ def load_target(target: str | nn.Module, num_classes: int, input_shape: Sequence
 
     Raises:
         ValueError: a ``.ckpt`` that does not exist, cannot be read, was not written by a lightning-dprobust classifier
-            or is an AIN's own checkpoint; a name that is neither a zoo entry nor ``timm/<arch>``.
+            or is an AIN's own checkpoint; a name that is neither a zoo entry nor ``timm/<arch>``; a target that does
+            not take images of ``input_shape`` or predict ``num_classes`` classes (trained for another dataset).
     """
     if isinstance(target, nn.Module) or not (Path(target).suffix == ".ckpt" or Path(target).exists()):
         return load_public_classifier(target, num_classes, input_shape, owner="AIN(target")
@@ -354,7 +355,7 @@ def load_target(target: str | nn.Module, num_classes: int, input_shape: Sequence
             f"AIN(target={target!r}) is an AIN checkpoint (an attack), not a classifier: pass the .ckpt of the "
             "classifier to attack"
         )
-    return module
+    return check_classifier_fits(module, num_classes, input_shape, f"AIN(target={target!r})")
 
 
 def _snapshot(module: nn.Module) -> dict[str, Tensor]:

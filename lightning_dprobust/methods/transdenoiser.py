@@ -33,17 +33,19 @@ def load_public_classifier(
 
     Raises:
         ValueError: the name is neither a zoo entry nor a timm architecture, or the entry cannot be loaded (e.g. it
-            is a recipe without weights: the message says how to build it).
+            is a recipe without weights: the message says how to build it), or the classifier does not take images
+            of ``input_shape`` or predict ``num_classes`` classes (:func:`check_classifier_fits`).
     """
     if isinstance(classifier, nn.Module):
-        return classifier
+        return check_classifier_fits(classifier, num_classes, input_shape, f"{owner}={type(classifier).__name__})")
     if str(classifier).endswith(".ckpt"):  # a classifier fitted by `dprobust fit` (e.g. on the public half)
         from lightning_dprobust.methods.checkpoints import load_checkpoint_module
 
         try:
-            return load_checkpoint_module(classifier)
+            module = load_checkpoint_module(classifier)
         except (FileNotFoundError, ValueError) as error:
             raise ValueError(f"{owner}={classifier!r}): {error}") from error
+        return check_classifier_fits(module, num_classes, input_shape, f"{owner}={classifier!r})")
     if classifier.startswith("timm/"):
         return create_model(classifier, num_classes=num_classes, input_shape=input_shape, pretrained=pretrained)
     from lightning_dprobust import zoo
@@ -55,9 +57,40 @@ def load_public_classifier(
             "pre-trained classifier, e.g. 'mlp_tanh.erm_digits_public' (see `dprobust zoo list`)"
         )
     try:
-        return zoo.load(classifier)
+        module = zoo.load(classifier)
     except zoo.ZooError as error:  # e.g. a recipe entry without weights yet
         raise ValueError(f"{owner}={classifier!r}): {error}") from error
+    return check_classifier_fits(module, num_classes, input_shape, f"{owner}={classifier!r})")
+
+
+def check_classifier_fits(module: nn.Module, num_classes: int, input_shape: Sequence[int], label: str) -> nn.Module:
+    """Return ``module`` if it takes images of ``input_shape`` and predicts ``num_classes`` logits; else raise one
+    ``ValueError`` starting with ``label`` (a classifier trained for another dataset).
+
+    The input shape its hyperparameters record is compared first; then one forward pass of a blank image (in eval
+    mode, without gradients; the module's mode is restored) must succeed and give ``num_classes`` logits.
+    """
+    shape = tuple(int(s) for s in input_shape)
+    fix = "it was trained for another dataset: pass a classifier trained on this data"
+    recorded = (getattr(module, "hparams", None) or {}).get("input_shape")
+    if recorded is not None and tuple(recorded) != shape:
+        raise ValueError(f"{label} takes inputs of shape {tuple(recorded)} but the data has {shape}: {fix}")
+    parameter = next(module.parameters(), None)
+    blank = torch.zeros(1, *shape, device=None if parameter is None else parameter.device)
+    training = module.training
+    try:
+        with torch.no_grad():
+            logits = module.eval()(blank)
+    except RuntimeError as error:
+        reason = " ".join(str(error).split())
+        raise ValueError(f"{label} does not take inputs of shape {shape} ({reason}): {fix}") from error
+    finally:
+        module.train(training)
+    if not isinstance(logits, torch.Tensor) or logits.shape != (1, num_classes):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        classes = f"{got[-1]} classes" if isinstance(got, tuple) and len(got) == 2 else f"an output of shape {got}"
+        raise ValueError(f"{label} predicts {classes} but the data has {num_classes}: {fix}")
+    return module
 
 
 class TransDenoiser(ClassifierModule):
@@ -242,4 +275,4 @@ def _check_noise(sigma: float, schedule: str, sigma_start: float | None, ramp_ra
         raise ValueError(f"TransDenoiser(ramp_rate={ramp_rate!r}) must be > 0")
 
 
-__all__ = ["SLICES", "TransDenoiser", "load_public_classifier"]
+__all__ = ["SLICES", "TransDenoiser", "check_classifier_fits", "load_public_classifier"]

@@ -115,6 +115,7 @@ class AINGenerator(nn.Module):
                 f"input_shape={tuple(input_shape)}, channels={tuple(channels)}, noise_std={noise_std}"
             )
         self.noise_std = float(noise_std)
+        self.input_shape, self.num_classes = (c, h, w), int(num_classes)  # the images and labels it was built for
         self.extractor = ConditionalStateExtractor(num_classes, h, w)
         widths = (c + 1, *channels)
         self.encoder = nn.Sequential(

@@ -15,6 +15,7 @@ label-free attacker lacks and overstates its success on misclassified examples.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -160,7 +161,19 @@ class AINAttack(Attack):
         with torch.no_grad():
             return self.get_logits(images).argmax(dim=1)
 
+    def check_fits(self, input_shape: Sequence[int], num_classes: int, label: str = "the AIN generator") -> None:
+        """Raise one ``ValueError`` starting with ``label`` unless the generator was built for images of
+        ``input_shape`` and labels of ``num_classes`` classes (an AIN trained on another dataset)."""
+        shape = tuple(int(s) for s in input_shape)
+        if (self.ain.input_shape, self.ain.num_classes) != (shape, int(num_classes)):
+            raise ValueError(
+                f"{label} was trained on inputs of shape {self.ain.input_shape} with {self.ain.num_classes} classes, "
+                f"but the attacked images have {shape} with {num_classes} classes: use an AIN trained on this data"
+            )
+
     def _draw(self, x: Tensor, labels: Tensor, bound: float) -> Tensor:
+        if tuple(x.shape[1:]) != self.ain.input_shape:
+            self.check_fits(x.shape[1:], self.ain.num_classes)
         self.ain.to(x.device)
         with torch.no_grad():
             return self.ain(x, labels, bound, self.generator).detach()

@@ -66,3 +66,22 @@ def test_a_bad_checkpoint_path_is_refused_with_one_line(content, message, tmp_pa
         _ain(str(path))
     text = str(error.value)
     assert text.startswith(f"AIN(target='{path}')") and len(text.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("target", "match"),
+    [
+        ("cnn_tanh.erm_mnist5k", r"AIN\(target='cnn_tanh.erm_mnist5k'\) does not take inputs of shape \(1, 8, 8\)"),
+        (torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)), r"predicts 3 classes but the data has 10"),
+    ],
+    ids=["another-input-shape", "another-number-of-classes"],
+)
+def test_a_target_trained_for_another_dataset_is_refused(target, match):
+    with pytest.raises(ValueError, match=match) as error:
+        _ain(target)
+    assert "\n" not in str(error.value)
+
+
+def test_a_target_checkpoint_of_another_dataset_is_refused(classifier_ckpt):
+    with pytest.raises(ValueError, match=r"classifier.ckpt'\) takes inputs of shape \(1, 8, 8\) but the data has "):
+        AIN(target=str(classifier_ckpt[0]), num_classes=10, input_shape=(1, 28, 28), **SMALL)

@@ -264,6 +264,21 @@ def test_bad_module_arguments_are_refused(kwargs, match):
         denoiser(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("classifier", "match"),
+    [
+        ("cnn_tanh.erm_mnist5k", r"classifier='cnn_tanh.erm_mnist5k'\) does not take inputs of shape \(1, 8, 8\)"),
+        (torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)), r"predicts 3 classes but the data has 10"),
+    ],
+    ids=["another-input-shape", "another-number-of-classes"],
+)
+def test_a_classifier_trained_for_another_dataset_is_refused(classifier, match):
+    """It used to be accepted: a shape error deep in the first forward, or accuracies over the wrong classes."""
+    with pytest.raises(ValueError, match=match) as error:
+        denoiser(classifier=classifier)
+    assert "\n" not in str(error.value) and "trained for" in str(error.value)
+
+
 def test_callback_refuses_a_classifier_module(tmp_path):
     from lightning_dprobust.methods import DPSGD
 

@@ -80,6 +80,17 @@ def test_an_untrained_generator_or_a_bad_budget_is_refused(digits_classifier):
         build_attack("AIN", model, EPS)
 
 
+def test_a_generator_of_another_dataset_is_refused_with_one_line():
+    """It used to fail deep in the generator (``Sizes of tensors must match ...``)."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
+    attack = AINAttack(model, _generator(), EPS)
+    with pytest.raises(ValueError, match=r"trained on inputs of shape \(1, 8, 8\) with 10 classes, but the attacked"):
+        attack(torch.rand(2, 1, 28, 28), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"--ain x.ckpt was trained .* have \(1, 8, 8\) with 100 classes"):
+        attack.check_fits((1, 8, 8), 100, "--ain x.ckpt")
+    attack.check_fits((1, 8, 8), 10)
+
+
 @pytest.mark.parametrize("n_samples", [1, 3])
 def test_the_attack_is_conditioned_on_the_prediction_unless_told_to_use_the_true_label(digits_classifier, n_samples):
     model, x, _ = digits_classifier

@@ -124,7 +124,8 @@ def test_a_one_epoch_build_publishes_verified_weights_into_out_dir(tmp_path):
 def test_rebuilding_a_shipped_entry_reproduces_its_metrics(tmp_path):
     """Same recipe: epsilon is exact; test accuracy within 3 points. The shipped digits DP entries were trained with
     ``DPCallback``'s secret randomness, so a rebuild is another draw of masks and noise, not a replay: over five
-    draws the recipe gave 93.44 +- 0.67 % (docs/methods/dpsgd.md), and one rebuild landed 2.8 points below the shipped 93.61 %."""
+    draws the recipe gave 93.44 +- 0.67 % (docs/methods/dpsgd.md), and one rebuild landed 2.8 points below the shipped
+    93.61 %."""
     shipped = [entry for entry in zoo.list_entries(DIGITS_DP) if entry.status == "shipped"]
     if not shipped:
         pytest.skip("the entry has not been built yet")

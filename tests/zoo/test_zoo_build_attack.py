@@ -78,7 +78,7 @@ def test_the_cli_builds_an_attack_entry_into_out(tmp_path, monkeypatch, capsys):
     written = yaml.safe_load((tmp_path / "out" / "entries" / f"{NAME}.yaml").read_text())
     assert written["kind"] == "attack" and set(written["meta"]["metrics"]) == {"bound", "success@0.3"}
     printed = capsys.readouterr().out
-    assert NAME in printed and f"weights: {written['file']}" in printed
+    assert NAME in printed and f"weights: {tmp_path / 'out' / 'weights' / written['file']}" in printed
 
 
 def test_a_recipe_that_trains_another_target_class_than_the_entry_is_refused(tmp_path):

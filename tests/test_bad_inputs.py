@@ -311,6 +311,13 @@ def recipe(path: str, **model_args) -> Build:
 MNIST5K_CLASSIFIER = "cnn_tanh.erm_mnist5k"  # 1x28x28 inputs, where the digits recipes have 1x8x8
 
 
+def truncated_release(folder: Path, finished: Path) -> list[str]:
+    """``dprobust synthesize`` of the zoo's IGAMT release saved as a file, then cut in half."""
+    zoo.load("igamt.dp_synthetic_ehr_s10").save(folder / "release.pt")
+    truncate(folder / "release.pt")
+    return ["synthesize", "--ckpt_path", str(folder / "release.pt"), "--n", "2", "--out", str(folder / "s.csv")]
+
+
 DENOISER = "dncnn_gn.transdenoiser_digits_eps1_s025"
 
 
@@ -469,6 +476,8 @@ CATALOGUE = [
     Bad("resume-tiny-noise-under-target", fit(more_steps, resume=damaged(with_tiny_noise)), r"already spent epsilon"),
     Bad("resume-on-other-dataset", fit(data(MNIST, write_mnist), resume=good), r"written for another architecture"),
     Bad("certify-truncated-checkpoint", evaluate("certify", damaged(truncate)), r"is truncated, damaged or not a PyT"),
+    Bad("attack-truncated-checkpoint", evaluate("attack", damaged(truncate)), r"is truncated, damaged or not a PyTo"),
+    Bad("synthesize-truncated-release", truncated_release, r"release.pt \(\d+ bytes\) is truncated, damaged or not"),
     Bad("certify-pickled-code", evaluate("certify", damaged(with_code)), r"refusing to load checkpoint"),
     Bad("certify-wrong-architecture", evaluate("certify", damaged(resized)), r"written for another architecture .*sha"),
     Bad("certify-foreign-checkpoint", evaluate("certify", foreign), r"has no 'dprobust_class' entry"),

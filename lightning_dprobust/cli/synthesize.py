@@ -67,29 +67,94 @@ def _parser() -> CommandParser:
 def load_release(path: str | Path) -> ReleasedSynthesizer:
     """The released artifact of an IGAMT or EHR baseline checkpoint, a release file or a zoo synthesizer entry; files
     are read with ``weights_only=True``. A checkpoint written by ``dprobust fit`` carries LightningCLI's own keys
-    (``_class_path``, ``_instantiator``) among its hyperparameters: they name the class, they are not arguments."""
+    (``_class_path``, ``_instantiator``) among its hyperparameters: they name the class, they are not arguments.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a file nor a zoo entry.
+        ValueError: the file is truncated, damaged or holds pickled code (a ``CheckpointError``); a release whose
+            config or weights are incomplete or foreign; a checkpoint whose hyperparameters or weights do not fit its
+            synthesizer; a file that is neither.
+    """
+    from lightning_dprobust.checkpoint_io import read_checkpoint
+
     if not Path(path).is_file():
         return _zoo_release(str(path))
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(saved, dict) and saved.get("format") == FORMAT:
-        return ReleasedSynthesizer.load(path)
-    if isinstance(saved, dict) and isinstance(saved.get("hyper_parameters"), dict):
+    saved = read_checkpoint(path)  # one line for a truncated, empty or foreign file, or pickled code
+    if saved.get("format") == FORMAT:
+        return _release_from(saved, str(path))
+    if isinstance(saved.get("hyper_parameters"), dict):
         hparams = {key: value for key, value in saved["hyper_parameters"].items() if not key.startswith("_")}
         saved = {**saved, "hyper_parameters": hparams}
-    from lightning_dprobust.methods.ehr_baselines import baseline_from_checkpoint
+    from lightning_dprobust.methods.ehr_baselines import BASELINES
 
-    baseline = baseline_from_checkpoint(saved) if isinstance(saved, dict) else None
-    if baseline is not None:  # VAE, GAN, VAE-GAN, AAE, DAAE: the same released artifact
-        return baseline.release()
-    hparams = saved.get("hyper_parameters") if isinstance(saved, dict) else None
+    name = saved.get("ehr_baseline")
+    if name is not None:  # VAE, GAN, VAE-GAN, AAE, DAAE: the same released artifact
+        if name not in BASELINES:
+            raise ValueError(f"{path} names the EHR baseline {name!r}; known: {', '.join(BASELINES)}")
+        return _rebuilt(BASELINES[name], saved, str(path)).release()
+    hparams = saved.get("hyper_parameters")
     if not isinstance(hparams, dict) or "static_groups" not in hparams or "variant" not in hparams:
         raise ValueError(f"{path} is neither an IGAMT checkpoint nor an EHR synthesizer release")
     from lightning_dprobust.methods.igamt import IGAMT
 
-    module = IGAMT(**hparams)
+    return _rebuilt(IGAMT, saved, str(path)).release()
+
+
+def _rebuilt(cls: type, saved: dict[str, Any], source: str) -> Any:
+    """``cls`` built from a checkpoint's hyperparameters, its weights loaded and its ``ehr_schema`` set; one
+    ``ValueError`` for hyperparameters it does not take or weights of another architecture."""
+    from lightning_dprobust.checkpoint_io import check_state_dict_fits
+
+    hparams = saved["hyper_parameters"]
+    foreign = sorted(set(hparams) - _accepted(cls))
+    if foreign:
+        raise ValueError(
+            f"--ckpt_path {source} holds hyperparameters that {cls.__name__} does not take: {foreign}; it was "
+            "written by another version of the method or edited: pass a checkpoint of this one"
+        )
+    if not isinstance(saved.get("state_dict"), dict):
+        raise ValueError(f"--ckpt_path {source} has no 'state_dict': its weights are needed to synthesize")
+    module = cls(**hparams)
+    check_state_dict_fits(module, saved["state_dict"], source)
     module.load_state_dict(saved["state_dict"])
     module.ehr_schema = saved.get("ehr_schema")
-    return module.release()
+    return module
+
+
+def _accepted(cls: type) -> set[str]:
+    """The keyword arguments ``cls`` takes: its ``__init__``'s, and its bases' while ``**kwargs`` passes them on."""
+    import inspect
+
+    accepted: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        accepted |= {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return accepted - {"self"}
+
+
+def _release_from(saved: dict[str, Any], source: str) -> ReleasedSynthesizer:
+    """A release file's synthesizer; one ``ValueError`` naming what is missing, foreign or resized."""
+    from lightning_dprobust.checkpoint_io import check_state_dict_fits
+    from lightning_dprobust.models.ehr_release import CONFIG_KEYS
+
+    config, state = saved.get("config"), saved.get("state")
+    fix = "the file is damaged or was edited: save the release again (ReleasedSynthesizer.save) or copy it again"
+    if not isinstance(config, dict) or not isinstance(state, dict):
+        absent = "config" if not isinstance(config, dict) else "state"
+        raise ValueError(f"EHR synthesizer release {source} has no {absent!r} dictionary: {fix}")
+    missing = [key for key in CONFIG_KEYS if key not in config]
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if missing or unknown:
+        problem = f"lacks {missing}" if missing else f"holds unknown keys {unknown} (another version's?)"
+        raise ValueError(f"EHR synthesizer release {source}: its config {problem}: {fix}")
+    release = ReleasedSynthesizer(config, saved.get("schema"))
+    check_state_dict_fits(release, state, source)
+    release.load_state_dict(state)
+    return release
 
 
 def _zoo_release(name: str) -> ReleasedSynthesizer:

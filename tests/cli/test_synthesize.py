@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 import torch
@@ -110,6 +111,81 @@ def test_missing_or_foreign_checkpoints_are_refused(tmp_path, capsys):
     torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, tmp_path / "other.ckpt")
     assert main(["synthesize", "--ckpt_path", str(tmp_path / "other.ckpt"), "--out", str(tmp_path / "a.csv")]) == 2
     assert "neither an IGAMT checkpoint" in capsys.readouterr().err
+
+
+def _release(folder) -> dict:
+    """The zoo's IGAMT release saved as a file in ``folder``, read back as a dictionary."""
+    from lightning_dprobust import zoo
+
+    zoo.load("igamt.dp_synthetic_ehr_s10").save(folder / "release.pt")
+    return torch.load(folder / "release.pt", weights_only=True)
+
+
+def _cut(fraction):
+    def damage(folder, release, checkpoint):
+        data = (folder / "release.pt").read_bytes()
+        (folder / "release.pt").write_bytes(data[: int(len(data) * fraction)])
+
+    return damage
+
+
+def _edited(change):
+    def damage(folder, release, checkpoint):
+        torch.save(change(dict(release)), folder / "release.pt")
+
+    return damage
+
+
+def _checkpoint_edited(change):
+    def damage(folder, release, checkpoint):
+        saved = torch.load(checkpoint / "plain.ckpt", weights_only=True)
+        torch.save(change(saved), folder / "release.pt")
+
+    return damage
+
+
+def _cut_checkpoint(folder, release, checkpoint):
+    data = (checkpoint / "plain.ckpt").read_bytes()
+    (folder / "release.pt").write_bytes(data[: len(data) // 2])
+
+
+def _resized(release):
+    return release | {"state": {key: value[..., :1] for key, value in release["state"].items()}}
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_cut(0.1), "is truncated, damaged or not a PyTorch checkpoint"),
+        (_cut(0.9), "is truncated, damaged or not a PyTorch checkpoint"),
+        (_cut(0.0), "is empty|is truncated, damaged or not a PyTorch checkpoint"),
+        (_edited(lambda r: {k: v for k, v in r.items() if k != "config"}), "release .* has no 'config'"),
+        (_edited(lambda r: r | {"config": "abc"}), "release .* has no 'config'"),
+        (_edited(lambda r: r | {"config": {k: v for k, v in r["config"].items() if k != "d_model"}}),
+         r"release .* config lacks \['d_model'\]"),
+        (_edited(lambda r: r | {"config": r["config"] | {"bogus": 1}}),
+         r"release .* config holds unknown keys \['bogus'\]"),
+        (_edited(lambda r: r | {"state": {}}), "written for another architecture .*missing"),
+        (_edited(_resized), "written for another architecture .*shape"),
+        (_cut_checkpoint, "is truncated, damaged or not a PyTorch checkpoint"),
+        (_checkpoint_edited(lambda c: c | {"state_dict": {}}), "written for another architecture .*missing"),
+        (_checkpoint_edited(lambda c: c | {"hyper_parameters": c["hyper_parameters"] | {"bogus": 1}}),
+         r"holds hyperparameters that IGAMT does not take: \['bogus'\]"),
+    ],
+    ids=["cut-10%", "cut-90%", "empty", "no-config", "config-not-a-dict", "config-lacks-a-key", "config-unknown-key",
+         "no-state", "resized-state", "truncated-igamt-checkpoint", "igamt-checkpoint-without-weights",
+         "igamt-checkpoint-foreign-hyperparameter"],
+)  # fmt: skip
+def test_a_damaged_release_or_checkpoint_is_one_line_exit_2(damage, message, checkpoint, tmp_path, capsys):
+    """Each used to be a traceback (KeyError, EOFError, a load_state_dict page), an errno line or silence."""
+    damage(tmp_path, _release(tmp_path), checkpoint)
+    capsys.readouterr()
+    out = tmp_path / "synthetic.csv"
+    assert main(["synthesize", "--ckpt_path", str(tmp_path / "release.pt"), "--n", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dprobust: error:") and "\n" not in err and "Traceback" not in err, err[-2000:]
+    assert re.search(message, err) and "release.pt" in err, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("config", ["igamt/synthetic.yaml", "igamt/baselines/vae.yaml"])

@@ -536,6 +536,8 @@ CATALOGUE = [
         "--attack", "AIN", "--ain", "ain_generator.ain_digits_target8", "--eps", "0.5", "--max_examples", "8",
         "--no-wandb"], r"--ain ain_generator.ain_digits_target8 was trained on inputs of shape \(1, 8, 8\) with 10 "
         r"classes, but the attacked images have \(1, 28, 28\)"),
+    Bad("certify-foreign-hyperparameters", evaluate("certify", damaged(with_foreign_hyperparameter)),
+        r"damaged.ckpt holds hyperparameters that DPSGD does not take: \['bogus'\]"),
     # nothing destroyed
     Bad("certify-out-holds-files", lambda f, r: ["certify", "--ckpt_path", str(r / LAST), "--out",
         str(a_file(f, r).parent)], r"--out .* already holds files.*--overwrite"),

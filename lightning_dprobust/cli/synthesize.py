@@ -104,14 +104,10 @@ def _rebuilt(cls: type, saved: dict[str, Any], source: str) -> Any:
     """``cls`` built from a checkpoint's hyperparameters, its weights loaded and its ``ehr_schema`` set; one
     ``ValueError`` for hyperparameters it does not take or weights of another architecture."""
     from lightning_dprobust.checkpoint_io import check_state_dict_fits
+    from lightning_dprobust.methods.checkpoints import check_hyperparameters_taken
 
     hparams = saved["hyper_parameters"]
-    foreign = sorted(set(hparams) - _accepted(cls))
-    if foreign:
-        raise ValueError(
-            f"--ckpt_path {source} holds hyperparameters that {cls.__name__} does not take: {foreign}; it was "
-            "written by another version of the method or edited: pass a checkpoint of this one"
-        )
+    check_hyperparameters_taken(cls, hparams, source)
     if not isinstance(saved.get("state_dict"), dict):
         raise ValueError(f"--ckpt_path {source} has no 'state_dict': its weights are needed to synthesize")
     module = cls(**hparams)
@@ -119,21 +115,6 @@ def _rebuilt(cls: type, saved: dict[str, Any], source: str) -> Any:
     module.load_state_dict(saved["state_dict"])
     module.ehr_schema = saved.get("ehr_schema")
     return module
-
-
-def _accepted(cls: type) -> set[str]:
-    """The keyword arguments ``cls`` takes: its ``__init__``'s, and its bases' while ``**kwargs`` passes them on."""
-    import inspect
-
-    accepted: set[str] = set()
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        accepted |= {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    return accepted - {"self"}
 
 
 def _release_from(saved: dict[str, Any], source: str) -> ReleasedSynthesizer:

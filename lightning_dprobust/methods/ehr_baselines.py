@@ -28,7 +28,7 @@ fit setup (:class:`~lightning_dprobust.methods.ehr_module.EHRGenerativeModule`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -318,17 +318,3 @@ class EHRDAAE(EHRBaseline):
 
 BASELINES: dict[str, type[EHRBaseline]] = {cls.name: cls for cls in (EHRVAE, EHRGAN, EHRVAEGAN, EHRAAE, EHRDAAE)}
 """The baselines of thesis Table 4.1 by name."""
-
-
-def baseline_from_checkpoint(saved: Mapping[str, Any]) -> EHRBaseline | None:
-    """The baseline held by a checkpoint of ``fit`` (its ``ehr_baseline`` name looked up in :data:`BASELINES`, so
-    nothing named by the file is imported), or ``None`` when the checkpoint is not a baseline's."""
-    name = saved.get("ehr_baseline")
-    if name is None:
-        return None
-    if name not in BASELINES:
-        raise ValueError(f"the checkpoint names the EHR baseline {name!r}; known: {', '.join(BASELINES)}")
-    module = BASELINES[name](**saved["hyper_parameters"])
-    module.load_state_dict(saved["state_dict"])
-    module.ehr_schema = saved.get("ehr_schema")
-    return module

@@ -4,8 +4,8 @@
 :class:`~lightning_dprobust.recipes.DProbustCLI`), then tests the final model on the data module's test split and reads
 the privacy guarantee from :class:`~lightning_dprobust.callbacks.DPCallback`. The weights (the model's
 ``state_dict``: plain tensors only) go to ``<out>/weights/<name>-<sha8>.pth`` and the updated entry to
-``<out>/entries/<name>.yaml``, where ``<out>`` defaults to the shipped ``zoo/`` directory. An entry of kind ``attack``
-(an AIN generator) is scored by its attack success rate against its target instead
+``<out>/entries/<name>.yaml``, where ``<out>`` is the caller's folder (the shipped ``zoo/`` directory only when
+named). An entry of kind ``attack`` (an AIN generator) is scored by its attack success rate against its target instead
 (:mod:`~lightning_dprobust.zoo.build_attack`).
 
 A recipe is ``meta.recipe``: ``config`` (a path relative to the repository root), ``overrides`` (a mapping from
@@ -300,15 +300,14 @@ def config_sha256(config: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def build(
-    name: str, *, epochs: int | None = None, out_dir: str | os.PathLike | None = None, zoo: Zoo | None = None
-) -> Entry:
+def build(name: str, *, out_dir: str | os.PathLike, epochs: int | None = None, zoo: Zoo | None = None) -> Entry:
     """Train, evaluate and publish the zoo entry ``name`` from its recipe; return the updated entry.
 
     Args:
         name: a catalog entry (shipped or recipe).
         epochs: override ``trainer.max_epochs`` (recorded in the entry's recipe overrides).
-        out_dir: zoo directory that receives ``weights/`` and ``entries/`` (default: the catalog's directory).
+        out_dir: zoo directory that receives ``weights/`` and ``entries/``; required, so the shipped catalog
+            (``zoo.catalog_dir``) is written only when named (``dprobust zoo build`` also asks for ``--overwrite``).
         zoo: the catalog to read the entry from (default: the shipped one).
 
     Raises:
@@ -316,7 +315,7 @@ def build(
     """
     zoo = zoo or Zoo()
     entry = zoo.info(name)
-    out = Path(out_dir) if out_dir is not None else zoo.catalog_dir
+    out = Path(out_dir)
     config, overrides = recipe_config(entry, epochs=epochs)
     with tempfile.TemporaryDirectory(prefix="dprobust-zoo-build-") as workdir:
         evaluation = {key: entry.meta.get(key) for key in ("smoothing", "robustness", "certification")}

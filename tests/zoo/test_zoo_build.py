@@ -155,3 +155,8 @@ def test_the_config_digest_covers_the_base_trainer_config_and_ignores_formatting
     base.write_text(recipes.BASE_CONFIG.read_text().replace("save_last: true", "save_last: false"))
     monkeypatch.setattr(recipes, "BASE_CONFIG", base)
     assert config_sha256(recipe) != digest
+
+
+def test_build_names_its_output_folder_so_the_catalog_is_never_a_default():
+    with pytest.raises(TypeError, match="out_dir"):
+        build(zoo.list_entries(DIGITS_DP)[0].name, epochs=1)

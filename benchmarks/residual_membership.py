@@ -12,6 +12,11 @@ per epoch is timed on each row's first seed, in this one run.
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/residual_membership.py [--dataset digits|mnist5k] [--rows NAME ...]
 [--seeds 0 1 2] [--epochs 20] [--shadows 2] [--out FILE]`` (``--rows``: only these rows, by their exact names).
+``--patience P [--min-epochs M] [--min-delta D]`` trains each target until converged instead (see
+:class:`convergence.Convergence`): at least ``M`` epochs, at most ``--epochs``, stopped once the validation accuracy
+has not improved by more than ``D`` for ``P`` epochs in a row, and the weights of its best validation epoch are the
+ones tested and attacked; its shadow models then train exactly that best epoch's number of epochs, under the same
+schedule.
 Prints one JSON line per row and seed, then a markdown table (mean +- std over seeds), and writes it with the raw rows
 to ``--out``. ``--collect LOG [LOG ...]`` builds the table from the JSON lines of earlier runs (e.g. seeds run in
 parallel processes) instead of training.
@@ -99,35 +104,50 @@ def _recipe(row: Row, dataset: str, seed: int, epochs: int, stop: dict | None = 
 
 
 def _run(
-    row: Row, dataset: str, seed: int, epochs: int, shadows: int, patience: int | None = None, min_delta: float = 0.0
+    row: Row,
+    dataset: str,
+    seed: int,
+    epochs: int,
+    shadows: int,
+    patience: int | None = None,
+    min_delta: float = 0.0,
+    min_epochs: int = 1,
 ) -> dict:
     """Train ``row``'s target (``epochs`` epochs, or until converged when ``patience`` is given: see
-    :class:`convergence.Convergence`; its shadow models then train exactly as many epochs as it did, under the same
-    schedule), test it and attack it."""
+    :class:`convergence.Convergence`, which hands back the weights of the best validation epoch; its shadow models
+    then train exactly that many epochs, under the same schedule, so they are trained like the weights attacked),
+    test it and attack it."""
     name, data_args = DATASETS[dataset]
     datamodule = getattr(lightning_dprobust.data, name)(seed=0, **data_args)
     datamodule.setup("fit")
     datamodule.setup("test")
-    stop = None if patience is None else {"patience": patience, "min_delta": min_delta}
+    stop = None if patience is None else {"patience": patience, "min_delta": min_delta, "min_epochs": min_epochs}
     recipe = _recipe(row, dataset, seed, epochs, stop)
     start = time.perf_counter()
     trained = train_classifier(recipe, datamodule.train_set)
     model = trained.module
     trained_epochs = int(getattr(model, "converged_epochs", epochs))
+    best_epoch = int(getattr(model, "best_epoch", None) or trained_epochs)
     seconds = (time.perf_counter() - start) / trained_epochs
-    if stop is not None:  # the shadows copy the target's training: same cap (schedule), stopped at the same epoch
-        recipe = _recipe(row, dataset, seed, epochs, {"epochs": trained_epochs})
+    if stop is not None:  # the shadows copy the kept weights' training: same cap (schedule), stopped at their epoch
+        recipe = _recipe(row, dataset, seed, epochs, {"epochs": best_epoch})
     report = checkpoint_membership_audit(model, datamodule, recipe, shadows, ATTACKS, seed)
     train_acc, test_acc = _accuracy(model, datamodule.train_set), _accuracy(model, datamodule.test_set)
     result = dict(seed=seed, train_acc=train_acc, test_acc=test_acc, gap=train_acc - test_acc, epoch_s=seconds)
-    result |= dict(epochs=trained_epochs, val_history=[round(acc, 4) for acc in getattr(model, "val_history", [])])
+    result |= dict(
+        epochs=trained_epochs,
+        best_epoch=best_epoch,
+        val_history=[round(acc, 4) for acc in getattr(model, "val_history", [])],
+    )
     result |= {f"auc_{name}": metrics.auc for name, metrics in report.metrics.items()}
     result["epsilon"] = trained.epsilon if row.dp else model.ledger.nominal[0].epsilon
     return result
 
 
 TABLE_HEADER = ["model", "test acc", "train-test gap", "AUC loss", "AUC shadow", "AUC LiRA", "epsilon"]
-TABLE_HEADER += ["epochs", "seeds"]
+TABLE_HEADER += ["epochs", "best epoch", "seeds"]
+"""``epochs``: epochs each target trained; ``best epoch``: the epoch whose weights were tested and attacked (the best
+validation epoch when trained until converged, else the last)."""
 TIMING_HEADER = ["model", "s / epoch", "x plain ResNet8", "x DP-SGD"]
 
 
@@ -146,8 +166,10 @@ def _table_cells(rows: list[Row]) -> list[list[str]]:
             eps_cell = f"{eps:.3g}" + ("" if row.dp else " (nominal)")
         keys = ("test_acc", "gap", "auc_loss", "auc_shadow", "auc_lira")
         epochs = spread_cell([x.get("epochs", math.nan) for x in r], digits=1).replace(" (1 seed)", "")
+        best = [x.get("best_epoch", x.get("epochs", math.nan)) for x in r]
+        best_cell = spread_cell(best, digits=1).replace(" (1 seed)", "")
         cells = [spread_cell([x[k] for x in r], digits=3) for k in keys]
-        lines.append([row.name, *cells, eps_cell, epochs, _seed_list([x["seed"] for x in r])])
+        lines.append([row.name, *cells, eps_cell, epochs, best_cell, _seed_list([x["seed"] for x in r])])
     return lines
 
 
@@ -221,7 +243,11 @@ def main() -> None:
         type=int,
         default=None,
         help="train until converged: stop when the validation accuracy has not improved by more than --min-delta for "
-        "this many epochs (default: train exactly --epochs)",
+        "this many epochs (never before --min-epochs), then keep the best validation epoch's weights (default: train "
+        "exactly --epochs)",
+    )
+    parser.add_argument(
+        "--min-epochs", type=int, default=10, help="with --patience: train at least this many epochs (default 10)"
     )
     parser.add_argument("--min-delta", type=float, default=0.002, help="with --patience (default 0.002: 0.2 points)")
     parser.add_argument("--shadows", type=int, default=2)
@@ -255,7 +281,10 @@ def main() -> None:
         _collect(rows, args.collect)
     for seed in [] if args.collect else args.seeds:
         for row in rows:
-            row.results.append(_run(row, args.dataset, seed, args.epochs, args.shadows, args.patience, args.min_delta))
+            result = _run(
+                row, args.dataset, seed, args.epochs, args.shadows, args.patience, args.min_delta, args.min_epochs
+            )
+            row.results.append(result)
             print(json.dumps({"row": row.name} | row.results[-1]), flush=True)
     text = f"{_table(rows)}\n\nWall-clock per epoch:\n\n{_timing(rows)}\n"
     print(text)
@@ -265,10 +294,11 @@ def main() -> None:
     settings = f"{args.epochs} epochs, {args.shadows} shadow models"
     if args.patience is not None:
         settings = (
-            f"trained until converged: stopped once the validation accuracy (noise on) had not improved by more than "
-            f"{100 * args.min_delta:g} points for {args.patience} epochs, at most {args.epochs} epochs (cosine "
-            f"schedule over {args.epochs}); shadow models trained as many epochs as their target; {args.shadows} "
-            "shadow models"
+            f"trained until converged: at least {args.min_epochs} and at most {args.epochs} epochs (cosine schedule "
+            f"over {args.epochs}), stopped once the validation accuracy (noise on) had not improved by more than "
+            f"{100 * args.min_delta:g} points for {args.patience} epochs in a row; the weights tested and attacked are "
+            "those of the epoch with the best validation accuracy (best epoch); each shadow model trained as many "
+            f"epochs as its target's best epoch, under the same schedule; {args.shadows} shadow models"
         )
     write_result(
         name,

@@ -44,12 +44,13 @@ class ZeroGradient(DPSGD):
 
 
 class GradientRecorder(L.Callback):
-    """Keeps the flat gradient the optimizer is about to apply at each step."""
+    """Keeps the flat gradient the optimizer applied at each step (``DPCallback`` hands it over inside the step, so
+    hooks before the update see ``.grad = None`` in one process)."""
 
     def __init__(self):
         self.grads = []
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]).clone())
 
 

@@ -32,6 +32,7 @@ model holds at least ``m`` trainable coordinates (so the tap at most doubles the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,8 +96,8 @@ def with_gradient_canaries(
 ) -> type[ClassifierModule]:
     """A subclass of ``method`` whose examples ``(x, y, s)`` with ``s >= 0`` are canary ``s``: gradient ``K e_s`` on
     its ``canary_tap`` (module docstring), ``K = CANARY_GRADIENT_SCALE * max_grad_norm``; examples with
-    ``s = NOT_A_CANARY`` are the method's own. Before every optimizer step the module records the private gradient
-    on the tap in ``canary_gradients`` (one ``[num_canaries]`` row per step).
+    ``s = NOT_A_CANARY`` are the method's own. After every optimizer step the module records the private gradient
+    applied on the tap in ``canary_gradients`` (one ``[num_canaries]`` row per step).
     """
     scale = CANARY_GRADIENT_SCALE * max_grad_norm
 
@@ -127,7 +128,8 @@ def with_gradient_canaries(
             dirac = scale * self.canary_tap(one_hot).squeeze(1)
             return torch.where(canary >= 0, dirac, super().per_example_loss(*example))
 
-        def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            super().on_train_batch_end(outputs, batch, batch_idx)
             self.canary_gradients.append(self.canary_tap.weight.grad[0].detach().cpu())
 
     return GradientCanaries

@@ -28,7 +28,6 @@ from lightning_dprobust.callbacks.dp_guard import (
     BufferWatch,
     PrivateStepBypassed,
     PrivateStepGuard,
-    gradient_surrogate,
     guard_optimizer_step,
 )
 from lightning_dprobust.callbacks.dp_loader import PoissonLoaderFactory
@@ -61,10 +60,13 @@ class DPCallback(Callback, DeltaAndAccountant):
     5. the step is recorded in a privacy ledger; ``privacy/epsilon`` is logged at each epoch end, printed at the
        end of ``fit`` and added to ``test``'s metrics;
     6. inside the optimizer's step, after every hook that can touch ``.grad`` and before the update, the gradient of
-       every tensor the optimizer updates is verified to be exactly the private one of exactly one private step
+       every tensor the optimizer updates is made (one process: handed over once no other gradient is found in
+       ``.grad``) or verified (DDP) to be exactly the private one of exactly one private step
        (:class:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard`), and the module's buffers to be those of
        the step's start (:class:`~lightning_dprobust.callbacks.dp_guard.BufferWatch`); anything else stops the run
-       with the buffers restored. An optimizer that calls its closure twice in one step (``LBFGS``) is refused.
+       with the buffers restored. An optimizer that calls its closure twice in one step (``LBFGS``) is refused. In
+       one process, hooks that run before the update (``on_after_backward``, ``on_before_optimizer_step``) see
+       ``.grad = None``; ``on_train_batch_end`` sees the applied private gradient.
 
     The masks of step 1 and the noise of step 3 come from generators the callback seeds from the operating system's
     entropy at each ``fit`` (:class:`~lightning_dprobust.callbacks.dp_randomness.DPRandomness`), never from the
@@ -304,12 +306,13 @@ class DPCallback(Callback, DeltaAndAccountant):
 
     # ------------------------------------------------------------------------------------------- the DP step
     def private_step(self, inputs: tuple[Tensor, ...]) -> Tensor:
-        """Clip, sum, noise and account one batch; returns a surrogate loss whose gradient is the DP gradient.
+        """Clip, sum, noise and account one batch; returns the loss the training step returns.
 
-        The surrogate (:func:`~lightning_dprobust.callbacks.dp_guard.gradient_surrogate`) lets Lightning's optimizer
-        loop, the DDP gradient all-reduce and any optimizer run unchanged while ``p.grad`` receives exactly the private
-        gradient, which
-        :class:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard` verifies before the optimizer step.
+        The private gradient reaches ``p.grad`` through
+        :meth:`~lightning_dprobust.callbacks.dp_guard.PrivateStepGuard.release`: in one process it is handed to the
+        optimizer inside its step, after every hook (the loss is a constant, so Lightning's loop runs unchanged);
+        under DDP a surrogate loss's backward writes it, so DDP's all-reduce runs as for any gradient, and the guard
+        compares it before the optimizer step.
         """
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
             raise RuntimeError(f"DPCallback: the privacy limit {self._limit()} is spent; no further step is allowed")
@@ -320,12 +323,11 @@ class DPCallback(Callback, DeltaAndAccountant):
         clipped = self._clipper(inputs)
         self._count_unbounded(self._clipper.unbounded_calls - unbounded)
         private = self._add_noise(clipped.grads)
-        self.guard.record(private)
         if self.noise_multiplier > 0:
             self.ledger.record(self.noise_multiplier, self.loaders.sample_rate)
         else:
             self._zero_noise_steps += 1
-        return gradient_surrogate(params, private)
+        return self.guard.release(params, private, hand_over=self._world_size == 1)
 
     def _count_unbounded(self, steps: int) -> None:
         if steps:

@@ -5,6 +5,18 @@ hands it has returned: that closure runs the training step, the backward, every 
 (callbacks and module) and ``configure_gradient_clipping``, and the precision plugin's wrapping, so nothing that can
 touch ``.grad`` before the update runs after the check. It covers every tensor in ``optimizer.param_groups``, not only
 the module's trainable parameters (docs/design.md, contract 10).
+
+How the private gradient reaches ``.grad`` (:meth:`PrivateStepGuard.release`):
+
+- **hand-over** (one process): the training step's loss is a constant with no path to the parameters; at the check,
+  every parameter's ``.grad`` must still be ``None`` (nothing else produced a gradient), and the guard then sets it to
+  the private gradient. Nothing runs between that assignment and the update, so the applied gradient is the private
+  one by construction, at the cost of a pass over the parameter list (no product, no comparison of values). Hooks that
+  run before the update (``on_after_backward``, ``on_before_optimizer_step``) see ``.grad = None``; from the update on
+  (``on_train_batch_end``) ``.grad`` is the applied private gradient.
+- **surrogate** (DDP): the loss is :func:`gradient_surrogate`, whose backward writes the private gradient into
+  ``.grad`` through autograd, so DDP's hooks all-reduce it; the check then compares every value of ``.grad`` with
+  the private gradient (after the same averaging).
 """
 
 from __future__ import annotations
@@ -32,11 +44,14 @@ class PrivateStepGuard:
     """Holds the private gradient of the current step and verifies it is what the optimizer will apply.
 
     Guarantee:
-        :meth:`verify` passes only if exactly one private step ran since the last optimizer step and every trainable
-        parameter's ``.grad`` equals the gradient that step produced: in a single process bit for bit; under DDP up
-        to the rounding of the all-reduce (relative ``1e-5``), after averaging the ranks' private gradients the way
-        DDP averages ``.grad``. A loss that skips ``private_step`` (``per_example_loss(...).mean()``), adds anything
-        to it, or calls it twice is therefore stopped before its gradient reaches the parameters.
+        :meth:`verify` passes only if exactly one private step ran since the last optimizer step, and when it passes
+        every trainable parameter's ``.grad`` is the gradient that step produced: after a hand-over
+        (:meth:`release` with ``hand_over=True``) it is that very tensor, set by :meth:`verify` once no other gradient
+        was found in ``.grad``; after a surrogate it equals it bit for bit in a single process and, under DDP, up to
+        the rounding of the all-reduce (relative ``1e-5``), after averaging the ranks' private gradients the way DDP
+        averages ``.grad``. A loss that skips ``private_step`` (``per_example_loss(...).mean()``), adds a term that
+        reaches the parameters, or calls it twice, and a hook that writes ``.grad``, are therefore stopped before
+        their gradient reaches the parameters.
 
     Assumptions:
         :meth:`verify` runs where nothing can change ``.grad`` before the update: inside the optimizer's step, after its
@@ -46,15 +61,33 @@ class PrivateStepGuard:
     def __init__(self) -> None:
         self._expected: dict[str, Tensor] | None = None
         self._count = 0
+        self._hand_over = False
 
     def reset(self) -> None:
         """Forget the pending step (at each batch start: a skipped optimizer step releases nothing)."""
-        self._expected, self._count = None, 0
+        self._expected, self._count, self._hand_over = None, 0, False
 
-    def record(self, expected: dict[str, Tensor]) -> None:
-        """Register the private gradient ``name -> tensor`` of one private step."""
+    def record(self, expected: dict[str, Tensor], hand_over: bool = False) -> None:
+        """Register the private gradient ``name -> tensor`` of one private step; ``hand_over``: :meth:`verify` sets
+        ``.grad`` to it instead of comparing (see :meth:`release`)."""
         self._expected = expected
         self._count += 1
+        self._hand_over = hand_over
+
+    def release(self, parameters: Mapping[str, Tensor], private: dict[str, Tensor], hand_over: bool) -> Tensor:
+        """Register ``private`` and return the loss the training step returns for it.
+
+        ``hand_over=True`` (one process): a zero constant that needs a gradient but reaches no parameter, so the
+        backward writes nothing into ``.grad``; :meth:`verify` puts ``private`` there after the closure.
+        ``hand_over=False`` (DDP, whose all-reduce runs in the backward of the parameters): :func:`gradient_surrogate`.
+        """
+        if not private:
+            raise ValueError("a private step needs at least one trainable parameter")
+        self.record(private, hand_over)
+        if not hand_over:
+            return gradient_surrogate(parameters, private)
+        some = next(iter(private.values()))
+        return torch.zeros((), dtype=some.dtype, device=some.device, requires_grad=True)
 
     @property
     def pending(self) -> bool:
@@ -81,7 +114,7 @@ class PrivateStepGuard:
 
     def verify(self, parameters: Mapping[str, Tensor], reduce: Reduce | None = None) -> None:
         """Raise :class:`PrivateStepBypassed` unless ``parameters``' gradients are exactly the recorded ones."""
-        count, expected = self._count, self._expected
+        count, expected, hand_over = self._count, self._expected, self._hand_over
         self.reset()
         if count != 1 or expected is None:
             raise PrivateStepBypassed(
@@ -99,6 +132,9 @@ class PrivateStepGuard:
                 "parameters before fit"
             )
         names = list(expected)
+        if hand_over and reduce is None:
+            _hand_over(parameters, expected)
+            return
         if reduce is None:
             differs = [torch.ne(_grad(parameters[name]), expected[name]).any() for name in names]
             matches = not torch.stack(differs).any().item()  # one device sync for all parameters
@@ -112,6 +148,21 @@ class PrivateStepGuard:
                 "the loss returned by private_step, or a hook changed .grad; return `self.private_step(inputs)` "
                 "unchanged and put other terms into per_example_loss"
             )
+
+
+def _hand_over(parameters: Mapping[str, Tensor], private: Mapping[str, Tensor]) -> None:
+    """Set each parameter's ``.grad`` to its private gradient; refuse if any ``.grad`` already holds a gradient, which
+    then came from outside the private step."""
+    written = [name for name, tensor in private.items() if parameters[name].grad is not None]
+    if written:
+        raise PrivateStepBypassed(
+            f"DPCallback: the gradient about to be applied is not the private gradient: {written[:3]} received a "
+            "gradient outside private_step (a term added to the loss it returned, or a hook that wrote .grad); return "
+            "`self.private_step(inputs)` unchanged, put other terms into per_example_loss, and leave .grad to "
+            "DPCallback (it holds the private gradient from the optimizer step on)"
+        )
+    for name, tensor in private.items():
+        parameters[name].grad = tensor
 
 
 def guard_optimizer_step(optimizer: torch.optim.Optimizer, verify: Callable[[], None]) -> Callable[[], None]:

@@ -18,7 +18,6 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from lightning_dprobust.callbacks.dp import DPCallback
-from lightning_dprobust.callbacks.dp_guard import gradient_surrogate
 from lightning_dprobust.core.accounting import (
     DEFAULT_RDP_ORDERS,
     NominalEvent,
@@ -226,10 +225,10 @@ class TransDenoiserCallback(DPCallback):
 
     # ------------------------------------------------------------------------------------------- the DP step
     def private_step(self, inputs: tuple[Tensor, ...]) -> Tensor:
-        """Clip, sum, add the (topped-up) noise per slice, record it; returns the surrogate loss.
+        """Clip, sum, add the (topped-up) noise per slice, record it; returns the training step's loss.
 
-        As in :meth:`DPCallback.private_step`, the surrogate's gradient is exactly the private gradient, which is
-        registered with the guard so the optimizer step is refused if anything else reaches ``.grad``.
+        As in :meth:`DPCallback.private_step`, the private gradient is released through the guard, which hands it to
+        the optimizer (or verifies it, under DDP) and refuses the step if anything else reaches ``.grad``.
         """
         if self._budget_steps is not None and self.ledger.steps >= self._budget_steps:
             raise RuntimeError(f"TransDenoiserCallback: target_epsilon={self.epsilon_budget} is spent")
@@ -242,10 +241,9 @@ class TransDenoiserCallback(DPCallback):
         stds = {key: multipliers[key] * self.max_grad_norm if self._rank == 0 else 0.0 for key in self._slices}
         scale = self._world_size / (self.loaders.sample_rate * self.loaders.num_examples)
         private = release_slices_(clipped.grads, self._slices, stds, scale, generator)
-        self.guard.record(private)
         self._account(min(multipliers.values()))
         params = self._clipper.trainable_parameters()
-        return gradient_surrogate(params, private)
+        return self.guard.release(params, private, hand_over=self._world_size == 1)
 
     def slice_multipliers(self, inputs: tuple[Tensor, ...], losses_z: Tensor, norms: Tensor) -> dict[str, float]:
         """``sigma_bar`` of each slice for this batch (see the class docstring); identical on every DDP rank."""

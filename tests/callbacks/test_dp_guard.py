@@ -72,6 +72,60 @@ def test_the_private_gradient_itself_passes_and_any_change_is_caught():
         guard.verify({"w": parameter})
 
 
+def test_a_hand_over_sets_grad_to_the_private_tensor_and_refuses_any_gradient_already_there():
+    parameter = torch.nn.Parameter(torch.zeros(3))
+    private = {"w": torch.tensor([1.0, 2.0, 3.0])}
+    guard = PrivateStepGuard()
+    loss = guard.release({"w": parameter}, private, hand_over=True)
+    loss.backward()
+    assert parameter.grad is None, "the hand-over loss reached the parameter"
+    guard.verify({"w": parameter})
+    assert parameter.grad is private["w"]
+    guard.release({"w": parameter}, {"w": torch.tensor([1.0, 2.0, 3.0])}, hand_over=True)
+    parameter.grad = torch.zeros(3)  # a hook wrote a gradient, even an all-zero one
+    with pytest.raises(PrivateStepBypassed, match=r"\['w'\] received a gradient outside private_step"):
+        guard.verify({"w": parameter})
+
+
+class SeesGradients(L.Callback):
+    """Records ``.grad`` of the first parameter where a hook sees it, and the value the optimizer applied."""
+
+    def __init__(self) -> None:
+        self.before_update, self.applied, self.after_update = [], [], []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.before_update.append(next(pl_module.parameters()).grad)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.weights = next(pl_module.parameters()).detach().clone()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        parameter = next(pl_module.parameters())
+        self.applied.append((self.weights - parameter.detach()) / trainer.optimizers[0].param_groups[0]["lr"])
+        self.after_update.append(parameter.grad)
+
+
+def test_in_one_process_the_optimizer_applies_the_handed_over_private_gradient(tmp_path, monkeypatch):
+    released = []
+    original = PrivateStepGuard.release
+
+    def spy(self, parameters, private, hand_over):
+        released.append((dict(private), hand_over))
+        return original(self, parameters, private, hand_over)
+
+    monkeypatch.setattr(PrivateStepGuard, "release", spy)
+    module = DPSGD(model="cnn_tanh", num_classes=10, input_shape=(1, 8, 8), optimizer="sgd", lr=0.5)
+    seen = SeesGradients()
+    trainer = quiet_trainer(tmp_path, max_steps=2, callbacks=[DPCallback(noise_multiplier=1.0), seen])
+    trainer.fit(module, digits(batch_size=128))
+    assert [hand_over for _, hand_over in released] == [True, True]
+    assert seen.before_update == [None, None], "a hook saw a gradient before the hand-over"
+    first = next(iter(released[0][0]))
+    for (private, _), grad, applied in zip(released, seen.after_update, seen.applied, strict=True):
+        assert grad is private[first], "the optimizer's .grad is not the released tensor"
+        torch.testing.assert_close(applied, private[first], rtol=1e-5, atol=1e-6)
+
+
 class RawGradientAdder(L.Callback):
     """A callback placed after ``DPCallback`` that adds the raw batch gradient to ``.grad`` before the update."""
 

@@ -1,17 +1,18 @@
 """DP-SGD overhead inside Lightning: per-step wall time of ``Trainer.fit`` with ``DPCallback`` against without it.
 
 ``dp_overhead.py`` times the private step's computation alone. This script times what a user's fit pays per step:
-Lightning's loop, the method's ``training_step``, ``DPCallback``'s private step (clipped sum, noise, the surrogate
-loss and its backward, the guard's check of ``p.grad``, the accountant's ledger) and the optimizer step. Each fit
-trains ``DPSGD`` on random data of the case's shape (``dp_overhead.CASES``) for ``--warmup`` + ``--steps`` steps;
-a callback times each step from ``on_train_batch_start`` to ``on_train_batch_end``, and a fit's time is the median of
-its steps after the warm-up. The non-private and private fits alternate ``--pairs`` times in one process, and the
-report gives each one's median over the pairs and the median ratio over the pairs with its min-max. Under
+Lightning's loop, the method's ``training_step``, ``DPCallback``'s private step (clipped sum, noise, the accountant's
+ledger, the hand-over of the private gradient to ``p.grad`` inside the optimizer's step) and the optimizer step.
+Each fit trains ``DPSGD`` on random data of the case's shape (``dp_overhead.CASES``) for ``--warmup`` + ``--steps``
+steps; a callback times each step from ``on_train_batch_start`` to ``on_train_batch_end``, and a fit's time is the
+median of its steps after the warm-up. The non-private and private fits alternate ``--pairs`` times in one process,
+and the report gives each one's median over the pairs and the median ratio over the pairs with its min-max. Under
 ``DPCallback`` the batches are Poisson samples of the case's batch size in expectation (the callback's own loader);
 without it, fixed batches of that size.
 
 Usage: ``python benchmarks/lightning_overhead.py [--cases cnn_tanh/b64 ...] [--engine ghost] [--pairs 3]
-[--steps 30] [--warmup 5]`` (CPU; set ``OMP_NUM_THREADS`` for a fixed thread count).
+[--steps 30] [--warmup 5] [--accelerator cpu|cuda]`` (default ``cuda`` when available; on CPU set ``OMP_NUM_THREADS``
+for a fixed thread count).
 """
 
 from __future__ import annotations
@@ -31,20 +32,26 @@ from results import add_results_arguments, result_name, write_result
 
 
 class StepTimer(L.Callback):
-    """Wall-clock seconds of each training step, from batch start to batch end."""
+    """Wall-clock seconds of each training step, from batch start to batch end (on CUDA, after the device is done)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool) -> None:
         self.times: list[float] = []
         self._start = 0.0
+        self._cuda = cuda
+
+    def _now(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     def on_train_batch_start(self, *args) -> None:
-        self._start = time.perf_counter()
+        self._start = self._now()
 
     def on_train_batch_end(self, *args) -> None:
-        self.times.append(time.perf_counter() - self._start)
+        self.times.append(self._now() - self._start)
 
 
-def fit_step_ms(case: str, engine: str | None, steps: int, warmup: int) -> float:
+def fit_step_ms(case: str, engine: str | None, steps: int, warmup: int, accelerator: str = "cpu") -> float:
     """Median ms of a fit's steps after ``warmup``; ``engine=None``: no ``DPCallback`` (non-private)."""
     from lightning_dprobust.callbacks import DPCallback
     from lightning_dprobust.methods import DPSGD
@@ -62,12 +69,12 @@ def fit_step_ms(case: str, engine: str | None, steps: int, warmup: int) -> float
 
     torch.manual_seed(0)
     module = DPSGD(model=model, num_classes=10, input_shape=shape, model_kwargs=model_kwargs, lr=0.01)
-    timer = StepTimer()
+    timer = StepTimer(accelerator == "cuda")
     callbacks = [timer]
     if engine is not None:
         callbacks.append(DPCallback(max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5, engine=engine))
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=1,
         max_steps=steps + warmup,
         logger=False,
@@ -85,17 +92,12 @@ def fit_step_ms(case: str, engine: str | None, steps: int, warmup: int) -> float
     return 1000 * statistics.median(timed)
 
 
-def compare(case: str, engine: str, pairs: int, steps: int, warmup: int) -> str:
-    """One line: each fit kind's median ms over the pairs, and the ratio's median [min-max] over the pairs."""
-    return line(measure(case, engine, pairs, steps, warmup))
-
-
-def measure(case: str, engine: str, pairs: int, steps: int, warmup: int) -> dict:
+def measure(case: str, engine: str, pairs: int, steps: int, warmup: int, accelerator: str = "cpu") -> dict:
     """The ms per step of each non-private and private fit, alternated ``pairs`` times."""
     plain, private = [], []
     for _ in range(pairs):
-        plain.append(fit_step_ms(case, None, steps, warmup))
-        private.append(fit_step_ms(case, engine, steps, warmup))
+        plain.append(fit_step_ms(case, None, steps, warmup, accelerator))
+        private.append(fit_step_ms(case, engine, steps, warmup, accelerator))
     return {"case": case, "engine": engine, "non-DP": plain, "DP": private}
 
 
@@ -122,21 +124,25 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3, help="alternated non-private and private fits")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per fit (median taken)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed first steps of each fit")
+    parser.add_argument(
+        "--accelerator", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
+    )
     add_results_arguments(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     measured = []
     for case in args.cases:
-        measured.append(measure(case, args.engine, args.pairs, args.steps, args.warmup))
+        measured.append(measure(case, args.engine, args.pairs, args.steps, args.warmup, args.accelerator))
         print(line(measured[-1]), flush=True)
     write_result(
         result_name(args, f"lightning_overhead_{args.engine}"),
         title="DP-SGD overhead inside Lightning: per-step time of Trainer.fit with DPCallback against without",
         columns=HEADER,
         rows=[cells(m) for m in measured],
-        notes=f"one process, CPU, threads {torch.get_num_threads()}; a fit's time: median of {args.steps} steps after "
-        f"{args.warmup} warm-up steps; fits alternated; ms: median over the pairs; ratio: median [min-max] over pairs",
+        notes=f"one process, {args.accelerator}, CPU threads {torch.get_num_threads()}; a fit's time: median of "
+        f"{args.steps} steps after {args.warmup} warm-up steps; fits alternated; ms: median over the pairs; ratio: "
+        "median [min-max] over pairs",
         raw={m["case"]: {"non-DP ms": m["non-DP"], "DP ms": m["DP"]} for m in measured},
         directory=args.results_dir,
     )

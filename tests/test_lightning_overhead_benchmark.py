@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "lightning_overhead.py"
 
@@ -40,3 +43,18 @@ def test_reports_both_fits_times_and_the_ratio_over_the_pairs(tmp_path):
 def test_a_case_the_script_cannot_build_is_refused_by_name():
     done = _run("--cases", "token_bag/b64")
     assert done.returncode != 0 and "invalid choice: 'token_bag/b64'" in done.stderr
+
+
+def test_the_gpu_table_script_names_what_it_needs_without_a_gpu():
+    """``benchmarks/gpu_table.sh`` refuses in one line on a machine without CUDA (CI), before running anything."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would run the whole table")
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_table.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == "no CUDA device: this script measures the GPU table"

@@ -69,6 +69,11 @@ class StepProfile:
     launches: float
     operators: tuple[Operator, ...]
 
+    @property
+    def aten_calls(self) -> float:
+        """ATen operator calls per step: the eager step's dispatch count, what a fused or captured step would cut."""
+        return sum(operator.calls for operator in self.operators if operator.name.startswith("aten::"))
+
     def top(self, count: int) -> tuple[Operator, ...]:
         """The ``count`` costliest operators (fewer when the steps ran fewer)."""
         return self.operators[:count]
@@ -132,12 +137,20 @@ def write(results: dict[str, Measured], args: argparse.Namespace) -> None:
     """The result file ``dp_profile_<case>_<device>``: one row per mode, its three costliest operators in a cell and
     its ``--top`` operators in ``raw``."""
     cuda = args.device.startswith("cuda")
-    header = ["mode", "wall ms/step", "busy ms/step", "kernel launches/step", "costliest operators (self ms/step)"]
+    header = [
+        "mode",
+        "wall ms/step",
+        "busy ms/step",
+        "ATen operators/step",
+        "kernel launches/step",
+        "costliest operators (self ms/step)",
+    ]
     rows = [
         [
             mode,
             f"{wall:.1f}",
             f"{profiled.busy_ms:.1f}",
+            f"{profiled.aten_calls:.0f}",
             f"{profiled.launches:.0f}" if cuda else "",
             ", ".join(f"{o.name} {o.self_ms:.3f}" for o in profiled.top(3)),
         ]

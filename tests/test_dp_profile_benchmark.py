@@ -46,6 +46,8 @@ def test_the_profile_holds_every_operator_of_the_private_step_costliest_first():
     times = [operator.self_ms for operator in profiled.operators]
     assert times == sorted(times, reverse=True) and profiled.top(3) == profiled.operators[:3]
     assert profiled.busy_ms == pytest.approx(sum(times)) and profiled.launches == 0
+    aten = [operator.calls for operator in profiled.operators if operator.name.startswith("aten::")]
+    assert profiled.aten_calls == sum(aten) > 0
 
 
 def test_report_lists_the_top_operators_of_private_modes_only():

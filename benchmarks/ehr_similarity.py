@@ -8,7 +8,8 @@ scaled with the synthetic source's declared public ranges (``EHRDataModule``'s d
 epsilon covers the preprocessing; every distance is in those scaled units (the ``real_train`` row gives the scale).
 Reported per model, as mean +- sample std over the seeds: overall and per-feature (#0, #4, #7; 3 k-means clusters
 each) Minkowski (p = 2, lower is closer) and cosine (around the real mean, higher is closer) against the real test
-split, and epsilon (rdp).
+split, and epsilon (rdp). A second result file, ``<name>_ranks``, holds each model's rank per metric among the
+models of its sigma (by the mean; the ``real_train`` and via-Dec rows are not ranked).
 
 A seed sets the model initialization, the public draws, the DP noise and the Poisson masks (reproducibility mode) and
 the k-means seed; the data and its split are the same for every seed.
@@ -163,6 +164,41 @@ def table_cells(results: dict[str, Sweep]) -> list[list[str]]:
     return rows
 
 
+RANK_HEADER = ["Model", "sigma", *HEADER[3:]]
+
+
+def ranks(results: dict[str, Sweep]) -> dict[str, dict[str, int]]:
+    """Each model's rank per metric of :data:`COLUMNS` among the models of its sigma, by the mean over the seeds
+    (1 = closest: lowest Minkowski, highest cosine; ties share the better rank). The :data:`REFERENCE` and
+    ``--via-decoder`` rows are not models and are left out; a sigma with a single model gets no ranks."""
+    by_sigma: dict[str, list[str]] = {}
+    for label in results:
+        model, sigma = label.rsplit("@", 1)
+        if not model.startswith(REFERENCE) and " via Dec" not in model:
+            by_sigma.setdefault(sigma, []).append(label)
+    ranked: dict[str, dict[str, int]] = {}
+    for labels in by_sigma.values():
+        if len(labels) < 2:
+            continue
+        for label in labels:
+            ranked[label] = {}
+        for key in COLUMNS:
+            sign = -1.0 if key.endswith("cosine") else 1.0  # a lower signed mean is closer
+            means = {label: sign * results[label].values(key).mean() for label in labels}
+            for label in labels:
+                ranked[label][key] = 1 + sum(other < means[label] for other in means.values())
+    return ranked
+
+
+def rank_cells(results: dict[str, Sweep]) -> list[list[str]]:
+    """Rows of :data:`RANK_HEADER`: :func:`ranks` of every ranked model."""
+    rows = []
+    for label, per_metric in ranks(results).items():
+        model, sigma = label.rsplit("@", 1)
+        rows.append([model, sigma, *(str(per_metric[key]) for key in COLUMNS)])
+    return rows
+
+
 def parse_sigma(text: str) -> float | None:
     """A ``--sigmas`` entry: a number >= 0, or ``none`` (no DP)."""
     if text.lower() == "none":
@@ -228,6 +264,21 @@ def main() -> None:
         raw={key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()},
         directory=args.results_dir,
     )
+    ranked = rank_cells(rows)
+    if ranked:
+        print("\n| " + " | ".join(RANK_HEADER) + " |\n|" + "---|" * len(RANK_HEADER))
+        print("\n".join("| " + " | ".join(cells) + " |" for cells in ranked))
+        write_result(
+            result_name(args, f"ehr_similarity{variant}") + "_ranks",
+            title="Each model's rank per similarity metric among the models of its sigma on the embedded synthetic "
+            "EHR set",
+            columns=RANK_HEADER,
+            rows=ranked,
+            seeds=args.seeds,
+            notes="rank of the mean over the seeds among the models of the same sigma (1 = closest: lowest "
+            "Minkowski, highest cosine; ties share the better rank); the means are those of the similarity table",
+            directory=args.results_dir,
+        )
 
 
 if __name__ == "__main__":

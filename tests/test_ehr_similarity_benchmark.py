@@ -1,0 +1,49 @@
+"""benchmarks/ehr_similarity.py: each model's rank per metric, computed by the script from the means."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ehr_similarity.py"
+
+
+def _module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import ehr_similarity
+        from seeds import Sweep
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return ehr_similarity, Sweep
+
+
+def _sweep(Sweep, columns, minkowski, cosine):
+    """Two seeds whose means are ``minkowski`` and ``cosine`` on every metric."""
+    runs = []
+    for shift in (-0.1, 0.1):
+        run = {key: (minkowski if key.endswith("minkowski") else cosine) + shift for key in columns}
+        runs.append(run | {"epsilon": 3.0})
+    return Sweep([0, 1], runs)
+
+
+def test_ranks_put_lower_minkowski_and_higher_cosine_first_among_the_models_of_a_sigma():
+    ehr, Sweep = _module()
+    results = {
+        "vae@1": _sweep(Sweep, ehr.COLUMNS, 7.0, 0.2),
+        "igamt@1": _sweep(Sweep, ehr.COLUMNS, 6.0, 0.1),
+        "gan@1": _sweep(Sweep, ehr.COLUMNS, 6.0, 0.3),
+        "igamt via Dec@1": _sweep(Sweep, ehr.COLUMNS, 1.0, 0.9),  # a diagnostic row: not ranked
+        "real_train@1": _sweep(Sweep, ehr.COLUMNS, 2.0, 0.9),  # the reference: not ranked
+        "igamt@2": _sweep(Sweep, ehr.COLUMNS, 5.0, 0.5),  # alone at its sigma: no ranks
+    }
+    ranked = ehr.ranks(results)
+    assert set(ranked) == {"vae@1", "igamt@1", "gan@1"}
+    assert ranked["igamt@1"]["synthetic/minkowski"] == 1  # tied with gan: both take the better rank
+    assert ranked["gan@1"]["synthetic/minkowski"] == 1
+    assert ranked["vae@1"]["synthetic/feature_7/minkowski"] == 3
+    assert [ranked[label]["synthetic/cosine"] for label in ("gan@1", "vae@1", "igamt@1")] == [1, 2, 3]
+    rows = ehr.rank_cells(results)
+    assert [row[:2] for row in rows] == [["vae", "1"], ["igamt", "1"], ["gan", "1"]]
+    assert all(len(row) == len(ehr.RANK_HEADER) for row in rows)
+    assert rows[1][2:] == ["1", "3"] * 4

@@ -73,8 +73,8 @@ def _membership(row: Row, datamodule, shadows: int, seed: int) -> MembershipRepo
         chosen = np.random.default_rng(seed).permutation(len(train))
         members, nonmembers, size = np.sort(chosen[: row.members]), np.r_[chosen[row.members :], held], row.members
     recipe = row.recipe.replace(seed=seed)
-    target = train_classifier(recipe, Subset(dataset, members.tolist()), datamodule).module
-    shadow_fn = RecipeTrainer(recipe, dataset, datamodule)
+    target = train_classifier(recipe, Subset(dataset, members.tolist())).module
+    shadow_fn = RecipeTrainer(recipe, dataset)
     return membership_audit(target, dataset, members, nonmembers, shadow_fn, shadows, seed=seed, shadow_size=size)
 
 

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tests.helpers import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ehr_similarity.py"
-
-
-def _module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import ehr_similarity
-        from seeds import Sweep
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return ehr_similarity, Sweep
+ehr = load_benchmark("ehr_similarity")
+Sweep = load_benchmark("seeds").Sweep
 
 
-def _sweep(Sweep, columns, minkowski, cosine):
+def _sweep(columns, minkowski, cosine):
     """Two seeds whose means are ``minkowski`` and ``cosine`` on every metric."""
     runs = []
     for shift in (-0.1, 0.1):
@@ -28,14 +18,13 @@ def _sweep(Sweep, columns, minkowski, cosine):
 
 
 def test_ranks_put_lower_minkowski_and_higher_cosine_first_among_the_models_of_a_sigma():
-    ehr, Sweep = _module()
     results = {
-        "vae@1": _sweep(Sweep, ehr.COLUMNS, 7.0, 0.2),
-        "igamt@1": _sweep(Sweep, ehr.COLUMNS, 6.0, 0.1),
-        "gan@1": _sweep(Sweep, ehr.COLUMNS, 6.0, 0.3),
-        "igamt via Dec@1": _sweep(Sweep, ehr.COLUMNS, 1.0, 0.9),  # a diagnostic row: not ranked
-        "real_train@1": _sweep(Sweep, ehr.COLUMNS, 2.0, 0.9),  # the reference: not ranked
-        "igamt@2": _sweep(Sweep, ehr.COLUMNS, 5.0, 0.5),  # alone at its sigma: no ranks
+        "vae@1": _sweep(ehr.COLUMNS, 7.0, 0.2),
+        "igamt@1": _sweep(ehr.COLUMNS, 6.0, 0.1),
+        "gan@1": _sweep(ehr.COLUMNS, 6.0, 0.3),
+        "igamt via Dec@1": _sweep(ehr.COLUMNS, 1.0, 0.9),  # a diagnostic row: not ranked
+        "real_train@1": _sweep(ehr.COLUMNS, 2.0, 0.9),  # the reference: not ranked
+        "igamt@2": _sweep(ehr.COLUMNS, 5.0, 0.5),  # alone at its sigma: no ranks
     }
     ranked = ehr.ranks(results)
     assert set(ranked) == {"vae@1", "igamt@1", "gan@1"}

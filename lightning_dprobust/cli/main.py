@@ -4,6 +4,7 @@ Imports are lazy: ``dprobust --help``, ``--version`` and ``zoo list`` load neith
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 import warnings
@@ -125,6 +126,13 @@ def describe(error: BaseException) -> str:
         return f"{error.filename} is a file, or lies under one, but a folder is expected there"
     if isinstance(error, PermissionError):
         return f"no permission to access {error.filename}: fix its permissions or choose another path"
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" while writing {error.filename}" if error.filename else ""
+        return (
+            f"the disk is full ({error.strerror}){where}: free space, or write elsewhere (--trainer.default_root_dir "
+            "and the logger's save_dir for fit, --out for the other commands); the checkpoints written before stay "
+            "valid (each is written to a temporary file and renamed once complete)"
+        )
     return str(error)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -87,3 +88,17 @@ def test_unknown_key_exits_nonzero_naming_it(tmp_path, monkeypatch, capsys):
 def test_missing_config_file_exits_nonzero_naming_it(tmp_path, monkeypatch, capsys):
     assert run_main(tmp_path, monkeypatch, "fit", "--config", "no_such_config.yaml") != 0
     assert "no_such_config.yaml" in capsys.readouterr().err
+
+
+def test_a_full_disk_is_one_line_that_says_so_and_what_stays_valid(monkeypatch, capsys):
+    """A write that fails for lack of space (a checkpoint, W&B's files, a CSV) ends in one line naming the file, not in
+    the bare errno text or a traceback."""
+
+    def full(name, args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/fit/last.ckpt")
+
+    monkeypatch.setattr(sys.modules["lightning_dprobust.cli.main"], "_run_subcommand", full)
+    assert main(["certify", "--ckpt_path", "x"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dprobust: error: the disk is full (No space left on device) while writing /runs/fit/")
+    assert "checkpoints written before stay valid" in line

@@ -54,7 +54,7 @@ def seconds(arguments: str, repeats: int) -> list[float]:
     return times
 
 
-def spread(values: list[float]) -> str:
+def median_range(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} s [{min(values):.2f}-{max(values):.2f}]"
 
 
@@ -79,7 +79,7 @@ def main() -> None:
     load = os.getloadavg()[0]  # other jobs on the machine slow the imports down: the caption says how busy it was
     for arguments in args.commands:
         raw[arguments] = seconds(arguments, args.repeats)
-        rows.append([f"`dprobust {arguments}`", spread(raw[arguments])])
+        rows.append([f"`dprobust {arguments}`", median_range(raw[arguments])])
         print(f"dprobust {arguments}: {rows[-1][1]}", flush=True)
     rows += [["README.md lines", str(readme_lines())], ["documentation pages (docs/**/*.md)", str(docs_pages())]]
     for what, value in rows[-2:]:

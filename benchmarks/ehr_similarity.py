@@ -138,6 +138,11 @@ def reference_score(seed: int) -> dict[str, float]:
     data.setup("fit")
     data.setup("test")
     x, m = (tensor[200 * seed : 200 * (seed + 1)] for tensor in data.train_set.tensors)
+    if len(x) < 200:
+        raise ValueError(
+            f"{REFERENCE} seed {seed} has {len(x)} of 200 training records (the split holds "
+            f"{len(data.train_set.tensors[0])}): pass seeds 0 .. {len(data.train_set.tensors[0]) // 200 - 1}"
+        )
     report = similarity_report(data.test_set.tensors, (x, m), seed=seed)
     return {**{key: report[key] for key in COLUMNS}, "epsilon": float("inf")}
 

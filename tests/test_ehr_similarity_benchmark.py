@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import load_benchmark
 
 ehr = load_benchmark("ehr_similarity")
@@ -36,3 +38,8 @@ def test_ranks_put_lower_minkowski_and_higher_cosine_first_among_the_models_of_a
     assert [row[:2] for row in rows] == [["vae", "1"], ["igamt", "1"], ["gan", "1"]]
     assert all(len(row) == len(ehr.RANK_HEADER) for row in rows)
     assert rows[1][2:] == ["1", "3"] * 4
+
+
+def test_the_real_train_reference_refuses_a_seed_past_the_training_split():
+    with pytest.raises(ValueError, match="seed 4 has 0 of 200"):
+        ehr.reference_score(4)

@@ -5,7 +5,8 @@ Rows: the non-private digits model, DP-SGD at epsilon 8, 3 and 1 (the recipes of
 ``configs/dpsgd/digits.yaml``, mlp_tanh with 64 hidden units, Adam lr 0.02 with a cosine schedule, batch 256, 40
 epochs, delta 1e-5), and a non-private reference trained to overfit (300 members, 100 epochs, batch 64) that shows
 what the attacks find when there is leakage. For each row and each seed (``--seeds``, default 0 1 2: the recipe's
-seed, so model initialization and DP sampling, and the seed of the audits' random choices):
+seed, so model initialization, and the seed of the audits' random choices; the DP rows' Poisson sampling and noise
+come from the ``DPCallback``'s secret randomness, its default, so they differ at every run):
 
 * membership attacks (:mod:`lightning_dprobust.audit.membership`): AUC of the loss, shadow-model (Salem et al.
   2019) and offline LiRA (Carlini et al. 2022) attacks, and their TPR at 0.1% and 1% FPR. The target is trained here

@@ -40,7 +40,14 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def spread_cell(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
-    """``'mean +- std'`` (sample std) of ``values`` times ``scale``; a single value gives ``'value (1 seed)'``."""
+    """``'mean +- std'`` (sample std) of ``values`` times ``scale``; a single value gives ``'value (1 seed)'``. A
+    value that is not finite has no spread: the same one in every seed is printed alone (``'inf'``: no DP guarantee),
+    a mix says how many seeds were not finite."""
+    infinite = [value for value in values if not np.isfinite(value)]
+    if infinite and len(set(infinite)) == 1 and len(infinite) == len(values):
+        return f"{scale * infinite[0]}"
+    if infinite:
+        return f"not finite in {len(infinite)} of {len(values)} seeds"
     mean, std = mean_std(values)
     if len(values) == 1:
         return f"{scale * mean:.{digits}f} (1 seed)"

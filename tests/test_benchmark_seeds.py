@@ -107,3 +107,5 @@ def test_the_spread_is_the_sample_std():
     assert seeds.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
     assert seeds.spread_cell([1.0, 2.0, 3.0], digits=1) == "2.0 +- 1.0"
     assert seeds.spread_cell([4.0]) == "4.00 (1 seed)"
+    assert seeds.spread_cell([float("inf")] * 3) == "inf"  # no guarantee in any seed: no 'inf +- nan'
+    assert seeds.spread_cell([1.0, float("inf"), 2.0]) == "not finite in 1 of 3 seeds"

@@ -132,7 +132,7 @@ class PrivateStepGuard:
                 "parameters before fit"
             )
         names = list(expected)
-        if hand_over and reduce is None:
+        if hand_over:  # one process: nothing to average
             _hand_over(parameters, expected)
             return
         if reduce is None:

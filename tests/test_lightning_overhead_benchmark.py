@@ -40,6 +40,32 @@ def test_reports_both_fits_times_and_the_ratio_over_the_pairs(tmp_path):
     assert record["rows"] == [["cnn_tanh/b2", "ghost", plain, private, f"{median:.2f}x [{low:.2f}-{high:.2f}]", "2"]]
 
 
+def test_busy_adds_each_fits_operator_time_and_count(tmp_path):
+    """``--busy``: the operators' self time and ATen calls per step of one more fit of each kind. The private fit's step
+    runs the clipper and the noise on top of the non-private step's operators, so it calls more ATen operators (an
+    exact count, not a timing); times are only checked for their format."""
+    done = _run(
+        "--cases", "cnn_tanh/b2", "--pairs", "1", "--steps", "2", "--warmup", "1", "--busy",
+        "--results-dir", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = re.search(
+        r"; busy ms non-DP (\d+\.\d\d), DP (\d+\.\d\d): (\d+\.\d\d)x; ATen calls/step (\d+) vs (\d+)$",
+        done.stdout.strip().splitlines()[-1],
+    )
+    assert found, done.stdout
+    plain_calls, private_calls = int(found.group(4)), int(found.group(5))
+    assert 0 < plain_calls < private_calls
+    record = json.loads((tmp_path / "lightning_overhead_ghost.json").read_text())
+    assert record["columns"][-2:] == ["ATen calls/step non-DP", "ATen calls/step DP"]
+    assert record["rows"][0][-5:] == list(found.groups()[:2]) + [found.group(3) + "x", *found.groups()[3:]]
+
+
+def test_busy_on_cuda_is_refused_before_any_fit():
+    done = _run("--busy", "--accelerator", "cuda")
+    assert done.returncode == 2 and "--busy measures the operators' CPU self time" in done.stderr
+
+
 def test_a_case_the_script_cannot_build_is_refused_by_name():
     done = _run("--cases", "token_bag/b64")
     assert done.returncode != 0 and "invalid choice: 'token_bag/b64'" in done.stderr

@@ -24,7 +24,9 @@ Usage: ``python benchmarks/lightning_overhead.py [--cases cnn_tanh/b64 ...] [--e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import statistics
 import time
 import warnings
@@ -72,13 +74,29 @@ class BusyTimer(StepTimer):
 
     def on_train_batch_start(self, *args) -> None:
         self._profiler = profile(activities=[ProfilerActivity.CPU])
-        self._profiler.__enter__()
+        with _native_stderr_silenced():
+            self._profiler.__enter__()
 
     def on_train_batch_end(self, *args) -> None:
-        self._profiler.__exit__(None, None, None)
+        with _native_stderr_silenced():
+            self._profiler.__exit__(None, None, None)
         events = self._profiler.events()
         self.times.append(busy_ms(events, cuda=False) / 1000)
         self.aten_calls.append(sum(event.name.startswith("aten::") for event in events))
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Kineto prints two lines to the process's stderr at each profiler start and stop (one session per step here);
+    this sends file descriptor 2 to ``/dev/null`` for that moment only."""
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def fit_step_ms(

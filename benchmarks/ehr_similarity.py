@@ -22,8 +22,10 @@ no guarantee); the baselines have one wiring and are refused with it. ``--via-de
 scores the same trained model synthesizing through Dec's own body instead of the imitator Dec_i ({G, Dec, Dec.last};
 a diagnostic, not the thesis's release; DP under ``strict_dp``, which noises all of Dec). ``--loss-form thesis`` trains
 the IGAMT models with the thesis text's losses (means, no mask imitation, one Dec_i step) instead of the authors' code's
-(the default, :class:`~lightning_dprobust.methods.igamt.IGAMT`'s ``loss_form``). ``--models real_train --sigmas 1``
-scores real training records instead.
+(the default, :class:`~lightning_dprobust.methods.igamt.IGAMT`'s ``loss_form``). ``--latent per_step`` trains the
+IGAMT models with one latent per step (the authors' code's seq2seq memory; IGAMT's ``latent``) instead of one pooled
+latent per record (the default); the baselines have one latent and are refused with it. ``--models real_train
+--sigmas 1`` scores real training records instead.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from seeds import DEFAULT_SEEDS, Sweep, sweep
 from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.demo_ehr import SMALL_DATA
 from lightning_dprobust.methods.ehr_baselines import BASELINES
-from lightning_dprobust.methods.igamt import IGAMT
+from lightning_dprobust.methods.igamt import IGAMT, LATENTS
 from lightning_dprobust.methods.igamt_losses import LOSS_FORMS
 from lightning_dprobust.metrics.synthetic import similarity_report
 from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
@@ -65,16 +67,22 @@ COLUMNS = ("synthetic/minkowski", "synthetic/cosine") + tuple(
 
 
 def build(
-    model: str, sigma: float | None, seed: int, wiring: str = "strict", loss_form: str = "authors"
+    model: str,
+    sigma: float | None,
+    seed: int,
+    wiring: str = "strict",
+    loss_form: str = "authors",
+    latent: str = "pooled",
 ) -> L.LightningModule:
     """A model of :data:`MODELS` with the configs' sizes, DP at ``sigma`` (``None``: no DP), delta 1e-5, DP draws
-    seeded by ``seed``; ``wiring`` (:data:`WIRINGS`) sets IGAMT's ``strict_dp``, ``loss_form`` its ``loss_form``."""
+    seeded by ``seed``; ``wiring`` (:data:`WIRINGS`) sets IGAMT's ``strict_dp``, ``loss_form`` and ``latent`` its
+    ``loss_form`` and ``latent``."""
     common = {"max_steps": SMALL_DATA["num_steps"], "noise_multiplier": sigma, "delta": 1e-5, "seed": seed}
     common["accountant"] = "rdp"
     if model in BASELINES:
         return BASELINES[model](**common)
     variant = model.removeprefix("igamt_") if model != "igamt" else "igamt"
-    return IGAMT(variant=variant, strict_dp=wiring == "strict", loss_form=loss_form, **common)
+    return IGAMT(variant=variant, strict_dp=wiring == "strict", loss_form=loss_form, latent=latent, **common)
 
 
 def decoder_release(module: IGAMT) -> ReleasedSynthesizer:
@@ -93,11 +101,12 @@ def train_and_score(
     wiring: str = "strict",
     via_decoder: bool = False,
     loss_form: str = "authors",
+    latent: str = "pooled",
 ) -> dict[str, float]:
     if model == REFERENCE:
         return reference_score(seed)
     L.seed_everything(seed, verbose=False)
-    module = build(model, sigma, seed, wiring, loss_form)
+    module = build(model, sigma, seed, wiring, loss_form, latent)
     data = EHRDataModule(**SMALL_DATA)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -214,9 +223,11 @@ def parse_sigma(text: str) -> float | None:
     return sigma
 
 
-def row_label(model: str, sigma: float | None, wiring: str, loss_form: str = "authors") -> str:
-    """``model[ (thesis wiring)][ (thesis losses)]@sigma`` (``none`` without DP): a row of :func:`table`."""
+def row_label(model: str, sigma: float | None, wiring: str, loss_form: str = "authors", latent: str = "pooled") -> str:
+    """``model[ (thesis wiring)][ (thesis losses)][ (per-step latent)]@sigma`` (``none`` without DP): a row of
+    :func:`table`."""
     tags = (" (thesis wiring)" if wiring == "thesis" else "") + (" (thesis losses)" if loss_form == "thesis" else "")
+    tags += " (per-step latent)" if latent == "per_step" else ""
     return f"{model}{tags}@{'none' if sigma is None else f'{sigma:g}'}"
 
 
@@ -229,6 +240,7 @@ def main() -> None:
     parser.add_argument("--mask", default=MASKS[0], choices=MASKS, help="how masks are read (default m > 1/2)")
     parser.add_argument("--wiring", default=WIRINGS[0], choices=WIRINGS, help="IGAMT's strict_dp (default) or not")
     parser.add_argument("--loss-form", default=LOSS_FORMS[0], choices=LOSS_FORMS, help="IGAMT's losses")
+    parser.add_argument("--latent", default=LATENTS[0], choices=LATENTS, help="IGAMT's latent (default pooled)")
     parser.add_argument("--via-decoder", action="store_true", help="also score IGAMT synthesizing through Dec")
     parser.add_argument("--out", default="runs/ehr_similarity.json", help="per-seed numbers (JSON)")
     add_results_arguments(parser)
@@ -237,14 +249,16 @@ def main() -> None:
         parser.error(
             "--wiring / --loss-form thesis apply to the IGAMT models only: pass --models igamt igamt_w/o_imi ..."
         )
+    if args.latent != "pooled" and set(args.models) & {*BASELINES, REFERENCE}:
+        parser.error("--latent per_step applies to the IGAMT models only: pass --models igamt igamt_w/o_imi ...")
     warnings.filterwarnings("ignore", ".*(reproducibility mode|LeafSpec|does not have many workers|self.log).*")
     out, results = Path(args.out), {}
     out.parent.mkdir(parents=True, exist_ok=True)
     for sigma in args.sigmas:
         for model in args.models if sigma == args.sigmas[0] else ["igamt"]:
-            label = row_label(model, sigma, args.wiring, args.loss_form)
+            label = row_label(model, sigma, args.wiring, args.loss_form, args.latent)
             options = {"epochs": args.epochs, "mask": args.mask, "wiring": args.wiring, "via_decoder": args.via_decoder}
-            options["loss_form"] = args.loss_form
+            options |= {"loss_form": args.loss_form, "latent": args.latent}
             results[label] = sweep(partial(train_and_score, model, sigma, **options), args.seeds, label)
             saved = {key: {"seeds": r.seeds, "runs": r.runs} for key, r in results.items()}
             out.write_text(json.dumps(saved, indent=1))
@@ -257,6 +271,7 @@ def main() -> None:
     )
     print(f"\n{note}")
     tags = {"thesis_wiring": args.wiring == "thesis", "thesis_losses": args.loss_form == "thesis"}
+    tags["per_step_latent"] = args.latent == "per_step"
     variant = "".join(f"_{tag}" for tag, on in (tags | {"via_decoder": args.via_decoder}).items() if on)
     write_result(
         result_name(args, f"ehr_similarity{variant}"),

@@ -43,3 +43,9 @@ def test_ranks_put_lower_minkowski_and_higher_cosine_first_among_the_models_of_a
 def test_the_real_train_reference_refuses_a_seed_past_the_training_split():
     with pytest.raises(ValueError, match="seed 4 has 0 of 200"):
         ehr.reference_score(4)
+
+
+def test_the_latent_option_reaches_the_igamt_models():
+    assert ehr.build("igamt_w/o_imi", 1.0, 0, latent="per_step").hparams.latent == "per_step"
+    assert ehr.build("igamt", 1.0, 0).hparams.latent == "pooled"
+    assert ehr.row_label("igamt", 1.0, "strict", latent="per_step") == "igamt (per-step latent)@1"

@@ -120,7 +120,7 @@ def _rebuilt(cls: type, saved: dict[str, Any], source: str) -> Any:
 def _release_from(saved: dict[str, Any], source: str) -> ReleasedSynthesizer:
     """A release file's synthesizer; one ``ValueError`` naming what is missing, foreign or resized."""
     from lightning_dprobust.checkpoint_io import check_state_dict_fits
-    from lightning_dprobust.models.ehr_release import CONFIG_KEYS
+    from lightning_dprobust.models.ehr_release import CONFIG_KEYS, OPTIONAL_KEYS
 
     config, state = saved.get("config"), saved.get("state")
     fix = "the file is damaged or was edited: save the release again (ReleasedSynthesizer.save) or copy it again"
@@ -128,7 +128,7 @@ def _release_from(saved: dict[str, Any], source: str) -> ReleasedSynthesizer:
         absent = "config" if not isinstance(config, dict) else "state"
         raise ValueError(f"EHR synthesizer release {source} has no {absent!r} dictionary: {fix}")
     missing = [key for key in CONFIG_KEYS if key not in config]
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    unknown = sorted(set(config) - set(CONFIG_KEYS) - set(OPTIONAL_KEYS))
     if missing or unknown:
         problem = f"lacks {missing}" if missing else f"holds unknown keys {unknown} (another version's?)"
         raise ValueError(f"EHR synthesizer release {source}: its config {problem}: {fix}")

@@ -33,6 +33,7 @@ IMITATOR_SCHEDULE: dict[str, tuple[tuple[str, ...], ...]] = {
     "thesis": (("adversarial", "match"),),
 }
 Variant = Literal["igamt", "w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var"]
+LATENTS = ("pooled", "per_step")
 VARIANTS: dict[str, tuple[bool, bool, bool, bool]] = {
     # name: (time embedding, static embedding, mask critic D_m, imitator Dec_i)
     "igamt": (True, True, True, True),
@@ -88,6 +89,15 @@ class IGAMT(EHRGenerativeModule):
     record: one patient on the synthetic and CSV sources, **per ED stay** on MIMIC-IV-ED (a patient with ``k`` stays
     at group size ``k``); the DP line printed at train start names the unit.
 
+    Latent (``latent``): ``"pooled"`` (default): Enc mean-pools its states to one ``z [B, d]`` per record, G maps
+    ``s [B, noise_size]`` to ``z~ [B, d]``, D_z is an MLP and Dec adds ``proj(z)`` to every step. ``"per_step"`` (the
+    authors' code, whose seq2seq transformer keeps one memory state per step): Enc returns ``z [B, 1 + T, d]``, G is
+    the same MLP at each position of ``s [B, 1 + T, noise_size]``, D_z is a :class:`SequenceCritic` over ``[B, 1 + T,
+    d]`` (1-D convolutions of width 3; the code's D_z is a CNN with 16 filters of widths 2 and 3) and Dec adds
+    ``proj(z_k)`` to step ``k``. Enc is bidirectional, so ``z_k`` carries the later steps too (a memory, not a causal
+    state); Dec stays causal in ``(x, m)`` given ``z``. Synthesis draws ``z~`` for all ``1 + steps`` positions and
+    Dec reads its prefix. Neither the private components nor the accounting depend on the latent.
+
     Released artifact (:meth:`release`): {G, Dec_i, Dec.last} (+ Dec_i's embeddings), or {G, Dec} without an
     imitator; it synthesizes from the static features' ranges alone.
 
@@ -95,7 +105,8 @@ class IGAMT(EHRGenerativeModule):
         num_features: ``F``. static_continuous / static_groups: the static layout of step 0 (continuous slots, then
             one one-hot group per entry, e.g. ``(2, 3)`` for gender and race).
         max_steps: the longest temporal sequence ``T``. d_model, heads, layers, d_ff: the transformers' sizes.
-        noise_size: G's input. critic_hidden: the critics' width.
+        noise_size: G's input (per step with ``latent="per_step"``). critic_hidden: the critics' width.
+        latent: ``"pooled"`` (default) or ``"per_step"``, see above.
         variant: ``"igamt"`` or an ablation: ``"w/o_emb"``, ``"only_t_emb"``, ``"w/o_imi"``, ``"w/o_imi_var"``.
         strict_dp, loss_form: see above (``loss_form``: ``"authors"``, the default, or ``"thesis"``).
         real_weight: the real-term weight of the critic losses (``None``: the number of fake sources, 3 in Eq 4.1).
@@ -130,11 +141,14 @@ class IGAMT(EHRGenerativeModule):
         lr: float = 5e-4,
         critic_lr: float = 1e-4,
         synthetic_batch_size: int = 32,
+        latent: Literal["pooled", "per_step"] = "pooled",
         **dp_kwargs: Any,
     ) -> None:
         super().__init__(**dp_kwargs)
         if variant not in VARIANTS:
             raise MisconfigurationException(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+        if latent not in LATENTS:
+            raise MisconfigurationException(f"latent must be one of {LATENTS}, got {latent!r}")
         if loss_form not in losses.LOSS_FORMS:
             raise MisconfigurationException(f"loss_form must be one of {losses.LOSS_FORMS}, got {loss_form!r}")
         check_critic_schedule(critic_freq_base, critic_freq_hit)
@@ -154,12 +168,13 @@ class IGAMT(EHRGenerativeModule):
         def embedding() -> StepEmbedding:
             return StepEmbedding(num_features, d_model, hp.max_steps, self.num_static, time, static)
 
-        self.encoder = EHREncoder(embedding(), *sizes)
+        per_step = hp.latent == "per_step"
+        self.encoder = EHREncoder(embedding(), *sizes, pooled=not per_step)
         self.decoder = EHRDecoder(DecoderBody(embedding(), *sizes), OutputHeads(d_model, num_features))
         self.imitator = DecoderBody(embedding(), *sizes) if self.has_imitator else None
-        self.generator = Generator(hp.noise_size, d_model, critic_hidden)
+        self.generator = Generator(hp.noise_size, d_model, critic_hidden, per_step=per_step)
         self.critic_x = SequenceCritic(num_features, critic_hidden)
-        self.critic_z = LatentCritic(d_model, critic_hidden)
+        self.critic_z = SequenceCritic(d_model, critic_hidden) if per_step else LatentCritic(d_model, critic_hidden)
         self.critic_m = SequenceCritic(num_features, critic_hidden) if self.has_mask_critic else None
 
     # ------------------------------------------------------------------------------------------- components
@@ -201,11 +216,13 @@ class IGAMT(EHRGenerativeModule):
         """Autoregressive synthesis through ``body`` and Dec's (shared) last layer."""
         return generate(body, self.decoder.last, z, start_x, start_m, steps)
 
-    def draws(self, n: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        """G's noise ``s`` and start steps for ``n`` synthetic records (public randomness: no real data)."""
+    def draws(self, n: int, device: torch.device, length: int) -> tuple[Tensor, Tensor, Tensor]:
+        """G's noise ``s`` and start steps for ``n`` synthetic records of ``length`` steps (``1 + T``; the shape of a
+        per-step ``s``) (public randomness: no real data)."""
         hp = self.hparams
         start_x, start_m = sample_start(n, hp.num_features, hp.static_continuous, self.static_groups)
-        return torch.randn(n, hp.noise_size, device=device), start_x.to(device), start_m.to(device)
+        noise = torch.randn(self.generator.noise_shape(n, length), device=device)
+        return noise, start_x.to(device), start_m.to(device)
 
     # ------------------------------------------------------------------------------------------- losses
     def critics_loss(self, x, m, x_hat, m_hat, z, z_syn, x_syn, m_syn, x_imi, m_imi, alpha) -> Tensor:
@@ -269,8 +286,8 @@ class IGAMT(EHRGenerativeModule):
     # ------------------------------------------------------------------------------------------- training
     def train_iteration(self, x: Tensor, m: Tensor, iteration: int) -> dict[str, Tensor]:
         """One pass of Algorithm 1 on a batch; returns the mean loss of each component updated."""
-        n, device = x.shape[0], x.device
-        s, start_x, start_m = self.draws(n, device)
+        n, device, length = x.shape[0], x.device, x.shape[1]
+        s, start_x, start_m = self.draws(n, device, length)
         logs: dict[str, Tensor] = {}
         if self.critics_scheduled(iteration):
             fakes = self._fakes(x, m, s, start_x, start_m)
@@ -282,7 +299,7 @@ class IGAMT(EHRGenerativeModule):
         dec_batch = (x, m, z_syn, start_x, start_m)
         for name in ("decoder_body", "decoder_last") if self._split_decoder() else ("decoder",):
             logs[name] = self.component_step(name, "decoder_loss", dec_batch)
-        s_pub, start_x_pub, start_m_pub = self.draws(self.hparams.synthetic_batch_size, device)
+        s_pub, start_x_pub, start_m_pub = self.draws(self.hparams.synthetic_batch_size, device, length)
         if self.imitator is not None:
             logs["imitator"] = self._imitator_steps(x, m, s_pub, start_x_pub, start_m_pub)
         logs["generator"] = self.component_step("generator", lambda: self.generator_loss(s_pub))
@@ -334,6 +351,8 @@ class IGAMT(EHRGenerativeModule):
         config |= {"static_groups": list(self.static_groups), "layers": hp.layers, "d_ff": hp.d_ff}
         config |= {"noise_size": hp.noise_size, "hidden": hp.critic_hidden}
         config |= {"time_embedding": embedding.time is not None, "static_embedding": embedding.static is not None}
+        if hp.latent != "pooled":  # a pooled release's config stays as it was before the option existed
+            config["latent"] = hp.latent
         release = ReleasedSynthesizer(config, self.ehr_schema)
         body = self.imitator if self.imitator is not None else self.decoder.body
         release.generator.load_state_dict(self.generator.state_dict())
@@ -348,7 +367,7 @@ class IGAMT(EHRGenerativeModule):
         """``n`` records from the module itself (same draws and order as :meth:`ReleasedSynthesizer.sample`)."""
         hp = self.hparams
         steps = hp.max_steps if steps is None else steps
-        noise = torch.randn(n, hp.noise_size, generator=generator).to(self.device)
+        noise = torch.randn(self.generator.noise_shape(n, 1 + steps), generator=generator).to(self.device)
         start_x, start_m = sample_start(n, hp.num_features, hp.static_continuous, self.static_groups, generator)
         body = self.imitator if self.imitator is not None else self.decoder.body
         z = self.generator(noise)

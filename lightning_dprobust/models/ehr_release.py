@@ -28,11 +28,15 @@ CONFIG_KEYS = (
     "num_features", "static_continuous", "static_groups", "max_steps", "d_model", "heads", "layers", "d_ff",
     "noise_size", "hidden", "time_embedding", "static_embedding",
 )  # fmt: skip
+OPTIONAL_KEYS = {"latent": "pooled"}  # key: the meaning of its absence (files written before the key existed)
+LATENTS = ("pooled", "per_step")
 
 
 class ReleasedSynthesizer(nn.Module):
     """``generator`` (G), ``body`` (Dec_i, or Dec's body in the ablations without an imitator) and ``last``
-    (Dec's last layer), rebuilt from ``config`` (the keys of :data:`CONFIG_KEYS`).
+    (Dec's last layer), rebuilt from ``config`` (the keys of :data:`CONFIG_KEYS`, and optionally ``latent``:
+    ``"pooled"``, what its absence means, or ``"per_step"``, G drawing one latent per step; it is kept in
+    :attr:`config` only when it is not ``"pooled"``, so a pooled release is saved as it was before the key existed).
 
     ``schema``: optional plain-data EHR schema (feature names, scalers, which of them were read from the training
     records, and the privacy unit) for output in raw units.
@@ -44,12 +48,17 @@ class ReleasedSynthesizer(nn.Module):
         if missing:
             raise ValueError(f"an EHR release config needs {missing}")
         self.config = {key: config[key] for key in CONFIG_KEYS}
+        latent = config.get("latent", OPTIONAL_KEYS["latent"])
+        if latent not in LATENTS:
+            raise ValueError(f"an EHR release config's latent must be one of {LATENTS}, got {latent!r}")
+        if latent != OPTIONAL_KEYS["latent"]:
+            self.config["latent"] = latent
         c = self.config
         num_static = static_slots(c["static_continuous"], c["static_groups"], c["num_features"])
         embedding = StepEmbedding(
             c["num_features"], c["d_model"], c["max_steps"], num_static, c["time_embedding"], c["static_embedding"]
         )
-        self.generator = Generator(c["noise_size"], c["d_model"], c["hidden"])
+        self.generator = Generator(c["noise_size"], c["d_model"], c["hidden"], per_step=latent == "per_step")
         self.body = DecoderBody(embedding, c["d_model"], c["heads"], c["d_ff"], c["layers"])
         self.last = OutputHeads(c["d_model"], c["num_features"])
         self.schema = schema
@@ -61,15 +70,15 @@ class ReleasedSynthesizer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """``n`` synthetic records ``(x, m)`` ``[n, 1 + steps, F]``, ``m`` in {0, 1}, ``x`` 0 where missing.
 
-        Draws ``s ~ N(0, I)``, then the start steps, then the masks (:func:`assemble`), all from ``generator``
-        (thesis 4.7 steps 1-5).
+        Draws ``s ~ N(0, I)`` (``[n, noise_size]``, or ``[n, 1 + steps, noise_size]`` per step), then the start
+        steps, then the masks (:func:`assemble`), all from ``generator`` (thesis 4.7 steps 1-5).
         """
         c = self.config
         steps = c["max_steps"] if steps is None else steps
         if n < 1 or not 1 <= steps <= c["max_steps"]:
             raise ValueError(f"need n >= 1 and 1 <= steps <= {c['max_steps']}, got n={n}, steps={steps}")
         device = self.last.data.weight.device
-        noise = torch.randn(n, c["noise_size"], generator=generator).to(device)
+        noise = torch.randn(self.generator.noise_shape(n, 1 + steps), generator=generator).to(device)
         start_x, start_m = sample_start(n, c["num_features"], c["static_continuous"], c["static_groups"], generator)
         z = self.generator(noise)
         x, m = generate(self.body, self.last, z, start_x.to(device), start_m.to(device), steps)

@@ -10,8 +10,10 @@ Components (all free of cross-example layers, so per-example gradients are exact
   **time embedding** (sinusoids of the cumulative time, i.e. the running sum of the increments, through a linear
   layer) and a **static-feature embedding** (a linear map of step 0's static slots, broadcast to every step); both
   are added to the hidden states (thesis Fig 4.3).
-* :class:`EHREncoder`: bidirectional transformer blocks, mean-pooled to the central hidden state ``z``.
-* :class:`EHRDecoder`: causal transformer blocks over ``[embedding + proj(z)]``; :attr:`EHRDecoder.last` is the last
+* :class:`EHREncoder`: bidirectional transformer blocks, mean-pooled to the central hidden state ``z [B, d]``, or
+  (``pooled=False``, IGAMT's ``latent="per_step"``, as the authors' seq2seq memory) one state per step ``[B, L, d]``.
+* :class:`EHRDecoder`: causal transformer blocks over ``[embedding + proj(z)]`` (a pooled ``z`` added to every step,
+  a per-step ``z_k`` to step ``k``); :attr:`EHRDecoder.last` is the last
   layer (two heads, data and mask, each ``Linear(d -> F)`` + sigmoid). Output at position ``k`` reads inputs
   ``<= k`` only, so teacher forcing predicts step ``k + 1`` from steps ``<= k`` and synthesis is autoregressive.
 * The imitator ``Dec_i`` is an :class:`EHRDecoder` body **without** a last layer of its own: :func:`generate` passes
@@ -104,11 +106,15 @@ def _sinusoids(t: Tensor, d_model: int) -> Tensor:
 
 
 class EHREncoder(nn.Module):
-    """``(x, m) [B, L, F] -> z [B, d]``: bidirectional blocks, mean-pooled."""
+    """``(x, m) [B, L, F] -> z``: bidirectional blocks, then ``tanh(mean_k norm(h_k))`` ``[B, d]`` (``pooled``) or
+    ``tanh(norm(h_k))`` per step ``[B, L, d]`` (``pooled=False``). The blocks are bidirectional, so a per-step
+    ``z_k`` carries the later steps too, as an autoencoder's memory does; it is a code of the whole record."""
 
-    def __init__(self, embedding: StepEmbedding, d_model: int, heads: int, d_ff: int, layers: int) -> None:
+    def __init__(
+        self, embedding: StepEmbedding, d_model: int, heads: int, d_ff: int, layers: int, pooled: bool = True
+    ) -> None:
         super().__init__()
-        self.embedding = embedding
+        self.embedding, self.pooled = embedding, pooled
         self.blocks = nn.ModuleList(Block(d_model, heads, d_ff, causal=False) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
 
@@ -116,11 +122,18 @@ class EHREncoder(nn.Module):
         h = self.embedding(x, m)
         for block in self.blocks:
             h = block(h)
-        return torch.tanh(self.norm(h).mean(dim=1))
+        return torch.tanh(self.norm(h).mean(dim=1)) if self.pooled else torch.tanh(self.norm(h))
 
 
 class DecoderBody(nn.Module):
-    """Dec without its last layer (also the imitator ``Dec_i``): ``(x, m, z) -> hidden [B, L, d]``, causal."""
+    """Dec without its last layer (also the imitator ``Dec_i``): ``(x, m, z) -> hidden [B, L, d]``, causal in
+    ``(x, m)``: position ``k`` reads steps ``<= k``.
+
+    ``z``: a pooled latent ``[B, d]``, ``latent(z)`` added to every step, or a per-step latent ``[B, L', d]`` with
+    ``L' >= L``, ``latent(z_k)`` added to step ``k`` (``z`` is cut to the input's length, so synthesis draws ``z``
+    for the whole record and each step reads its prefix). A per-step ``z`` from the encoder is bidirectional
+    (:class:`EHREncoder`): ``z_k`` carries the later steps of the record, as the authors' seq2seq memory does.
+    """
 
     def __init__(self, embedding: StepEmbedding, d_model: int, heads: int, d_ff: int, layers: int) -> None:
         super().__init__()
@@ -130,7 +143,10 @@ class DecoderBody(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x: Tensor, m: Tensor, z: Tensor) -> Tensor:
-        h = self.embedding(x, m) + self.latent(z).unsqueeze(1)
+        length = x.shape[1]
+        if z.dim() == 3 and z.shape[1] < length:
+            raise ValueError(f"a per-step latent of {z.shape[1]} steps cannot condition {length} input steps")
+        h = self.embedding(x, m) + (self.latent(z[:, :length]) if z.dim() == 3 else self.latent(z).unsqueeze(1))
         for block in self.blocks:
             h = block(h)
         return self.norm(h)
@@ -162,11 +178,13 @@ def generate(
 
 
 class Generator(nn.Module):
-    """G: ``s ~ N(0, I) [B, noise_size] -> z~ [B, d]`` (an MLP, as the thesis code)."""
+    """G: ``s ~ N(0, I) [B, noise_size] -> z~ [B, d]`` (an MLP, as the thesis code); with ``per_step``, the same MLP
+    at each position of ``s [B, L, noise_size] -> z~ [B, L, d]`` (the steps' draws are independent). ``per_step``
+    changes only the draws' shape (:meth:`noise_shape`), not the weights."""
 
-    def __init__(self, noise_size: int, d_model: int, hidden: int) -> None:
+    def __init__(self, noise_size: int, d_model: int, hidden: int, per_step: bool = False) -> None:
         super().__init__()
-        self.noise_size = noise_size
+        self.noise_size, self.per_step = noise_size, per_step
         self.net = nn.Sequential(
             nn.Linear(noise_size, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, hidden), nn.LeakyReLU(0.2)
         )
@@ -175,9 +193,14 @@ class Generator(nn.Module):
     def forward(self, s: Tensor) -> Tensor:
         return torch.tanh(self.out(self.net(s)))
 
+    def noise_shape(self, n: int, length: int) -> tuple[int, ...]:
+        """The shape of ``s`` for ``n`` records of ``length`` steps (``1 + T``, the start step included)."""
+        return (n, length, self.noise_size) if self.per_step else (n, self.noise_size)
+
 
 class SequenceCritic(nn.Module):
-    """A WGAN critic on sequences ``[B, L, F] -> [B]`` (1-D convolutions over time, then mean pooling)."""
+    """A WGAN critic on sequences ``[B, L, F] -> [B]`` (1-D convolutions over time, then mean pooling); also D_z on
+    per-step latents ``[B, L, d]`` (``num_features=d``). Per example: no cross-example layer."""
 
     def __init__(self, num_features: int, hidden: int) -> None:
         super().__init__()

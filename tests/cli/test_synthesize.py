@@ -188,14 +188,24 @@ def test_a_damaged_release_or_checkpoint_is_one_line_exit_2(damage, message, che
     assert not out.exists()
 
 
-@pytest.mark.parametrize("config", ["igamt/synthetic.yaml", "igamt/baselines/vae.yaml"])
-def test_a_checkpoint_written_by_dprobust_fit_synthesizes(tmp_path, monkeypatch, config):
+@pytest.mark.parametrize(
+    ("config", "extra"),
+    [
+        ("igamt/synthetic.yaml", []),
+        ("igamt/synthetic.yaml", ["--model.init_args.latent", "per_step"]),
+        ("igamt/baselines/vae.yaml", []),
+    ],
+    ids=["igamt", "igamt-per-step", "vae"],
+)
+def test_a_checkpoint_written_by_dprobust_fit_synthesizes(tmp_path, monkeypatch, config, extra):
     """The documented path: ``dprobust fit`` (LightningCLI adds ``_class_path`` to the saved hyperparameters), then
     ``dprobust synthesize --ckpt`` on its ``last.ckpt``."""
     monkeypatch.chdir(tmp_path)
     fit = ["fit", "--config", str(CONFIG_DIR / config), "--trainer.max_steps", "2", "--trainer.logger", "false"]
-    assert main([*fit, "--trainer.enable_progress_bar", "false"]) == 0
+    assert main([*fit, *extra, "--trainer.enable_progress_bar", "false"]) == 0
     (last,) = tmp_path.glob("runs/*/checkpoints/last.ckpt")
+    if extra:
+        assert load_release(last).config["latent"] == "per_step"
     out = tmp_path / "synthetic.csv"
     assert main(["synthesize", "--ckpt_path", str(last), "--n", "3", "--out", str(out), "--seed", "0"]) == 0
     rows = read(out)

@@ -10,7 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_dprobust.core.accounting import epsilon_for
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
-from lightning_dprobust.models.ehr_transformer import OutputHeads
+from lightning_dprobust.models.ehr_transformer import LatentCritic, OutputHeads, SequenceCritic
 from tests.helpers import quiet_trainer
 from tests.methods.igamt_helpers import EHRData, ehr_batch, ready, small
 
@@ -32,7 +32,7 @@ def test_imitator_shares_the_decoders_last_layer_and_its_optimizer_excludes_it()
     optimizer = module.configure_optimizers()[list(owned).index("imitator")]
     assert not last & {id(p) for group in optimizer.param_groups for p in group["params"]}
     # the imitator's output goes through the very Parameter objects of Dec.last
-    s, start_x, start_m = module.draws(2, torch.device("cpu"))
+    s, start_x, start_m = module.draws(2, torch.device("cpu"), 4)
     x_imi, _ = module.synthesize_with(module.imitator, module.generator(s), start_x, start_m, 3)
     grads = torch.autograd.grad(x_imi.sum(), list(module.decoder.last.parameters()), allow_unused=True)
     assert all(g is not None and float(g.abs().sum()) > 0 for g in grads[::2] if g is not None)
@@ -62,8 +62,9 @@ def spy_components(module, x):
     return stepped, set(noised), reads
 
 
-def test_strict_dp_noises_every_component_that_reads_real_data():
-    module = ready(small(noise_multiplier=1.0, seed=1))
+@pytest.mark.parametrize("latent", ["pooled", "per_step"])
+def test_strict_dp_noises_every_component_that_reads_real_data(latent):
+    module = ready(small(noise_multiplier=1.0, seed=1, latent=latent))
     stepped, noised, reads = spy_components(module, ehr_batch()[0])
     assert stepped == ["critics", "encoder", "decoder", "imitator", "imitator", "generator"]  # authors: 2 Dec_i steps
     assert noised == {"critics", "encoder", "decoder"} == module.private_components()
@@ -71,8 +72,9 @@ def test_strict_dp_noises_every_component_that_reads_real_data():
     assert module.nominal_reason() is None
 
 
-def test_thesis_wiring_noises_critics_and_dec_last_only_and_is_nominal():
-    module = ready(small(noise_multiplier=1.0, seed=1, strict_dp=False))
+@pytest.mark.parametrize("latent", ["pooled", "per_step"])
+def test_thesis_wiring_noises_critics_and_dec_last_only_and_is_nominal(latent):
+    module = ready(small(noise_multiplier=1.0, seed=1, strict_dp=False, latent=latent))
     stepped, noised, reads = spy_components(module, ehr_batch()[0])
     assert stepped == ["critics", "encoder", "decoder_body", "decoder_last", "imitator", "imitator", "generator"]
     assert noised == {"critics", "decoder_last"}
@@ -83,9 +85,10 @@ def test_thesis_wiring_noises_critics_and_dec_last_only_and_is_nominal():
     assert module.ledger.steps == 0 and module.epsilon() == math.inf and module.nominal_epsilon() > 0
 
 
+@pytest.mark.parametrize("latent", ["pooled", "per_step"])
 @pytest.mark.parametrize("variant", ["w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var"])
-def test_ablations(variant):
-    module = small(variant=variant, strict_dp=False)
+def test_ablations(variant, latent):
+    module = small(variant=variant, strict_dp=False, latent=latent)
     assert module.imitator is None and "decoder" in module.private_components()
     assert (module.critic_m is not None) == (variant == "w/o_imi_var")
     embedding = module.decoder.body.embedding
@@ -101,16 +104,17 @@ def with_sgd(module):
     return module
 
 
-@pytest.mark.parametrize("strict_dp", [True, False])
-def test_sigma_zero_and_huge_clip_equal_the_non_dp_path(strict_dp):
+@pytest.mark.parametrize(("strict_dp", "latent"), [(True, "pooled"), (False, "pooled"), (True, "per_step")])
+def test_sigma_zero_and_huge_clip_equal_the_non_dp_path(strict_dp, latent):
     x, m = ehr_batch()
-    dp = with_sgd(ready(small(noise_multiplier=0.0, max_grad_norm=1e12, seed=1, strict_dp=strict_dp)))
-    plain = with_sgd(ready(small(noise_multiplier=None, strict_dp=strict_dp)))
+    options = {"strict_dp": strict_dp, "latent": latent}
+    dp = with_sgd(ready(small(noise_multiplier=0.0, max_grad_norm=1e12, seed=1, **options)))
+    plain = with_sgd(ready(small(noise_multiplier=None, **options)))
     for module in (dp, plain):
         torch.manual_seed(5)
         module.train_iteration(x, m, 0)
     torch.testing.assert_close(flat(dp), flat(plain), rtol=1e-5, atol=1e-7)
-    noisy = with_sgd(ready(small(noise_multiplier=1e-12, max_grad_norm=1e12, seed=1, strict_dp=strict_dp)))
+    noisy = with_sgd(ready(small(noise_multiplier=1e-12, max_grad_norm=1e12, seed=1, **options)))
     torch.manual_seed(5)
     noisy.train_iteration(x, m, 0)
     assert not torch.allclose(flat(noisy), flat(plain), rtol=1e-5, atol=1e-7)
@@ -182,6 +186,35 @@ def test_released_artifact_is_g_imitator_and_last_layer_and_synthesizes_alone(tm
     assert not torch.allclose(module.synthesize(6, generator=torch.Generator().manual_seed(3))[0], x)
 
 
+def test_per_step_latent_components_and_release_round_trip(tmp_path):
+    """``latent="per_step"``: z and G's draws are [B, 1 + T, d], D_z is a sequence critic; the release keeps the
+    latent in its config (a pooled one does not), saves, loads and samples what the module synthesizes."""
+    module = small(latent="per_step")
+    x, m = ehr_batch()
+    z = module.encoder(x, m)
+    s, _, _ = module.draws(4, torch.device("cpu"), x.shape[1])
+    assert z.shape == module.generator(s).shape == (4, x.shape[1], 16) and module.critic_z(z).shape == (4,)
+    assert isinstance(module.critic_z, SequenceCritic) and isinstance(small().critic_z, LatentCritic)
+    assert "latent" not in small().release().config
+    release = module.release()
+    assert release.config["latent"] == "per_step" and release.generator.per_step
+    release.save(tmp_path / "release.pt")
+    loaded = ReleasedSynthesizer.load(tmp_path / "release.pt")
+    for steps in (None, 2):
+        x_syn, m_syn = loaded.sample(5, steps, generator=torch.Generator().manual_seed(3))
+        x_ref, m_ref = module.synthesize(5, steps, generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(x_syn, x_ref, rtol=0, atol=0)
+        assert torch.equal(m_syn, m_ref) and x_syn.shape == (5, 1 + (steps or 5), 6)
+
+
+def test_a_per_step_fit_is_accounted(tmp_path):
+    module = small(noise_multiplier=1.0, seed=4, critic_freq_base=2, accountant="rdp", latent="per_step")
+    quiet_trainer(tmp_path, max_epochs=1).fit(module, EHRData(n=16, batch_size=4))
+    assert module.iteration == 4 and module.ledger.steps == 4
+    module.delta = 1e-5
+    assert 0 < module.epsilon() < math.inf and module.nominal_reason() is None
+
+
 def test_fit_accounts_every_iteration_at_sigma_over_sqrt_k(tmp_path):
     module = small(noise_multiplier=1.0, seed=4, critic_freq_base=2, critic_freq_hit=1, accountant="rdp")
     trainer = quiet_trainer(tmp_path, max_epochs=1)
@@ -229,6 +262,7 @@ def test_the_imitator_takes_its_loss_forms_steps_and_the_ledger_counts_every_rel
     [
         ({"variant": "igamt_plus"}, "variant must be one of"),
         ({"loss_form": "paper"}, "loss_form must be one of"),
+        ({"latent": "memory"}, "latent must be one of"),
         ({"critic_freq_base": 1, "critic_freq_hit": 2}, "critic_freq_hit <= critic_freq_base"),
         ({"static_continuous": 5}, "static layout needs 7 slots"),
         ({"clip_mode": "micro"}, r"clip_mode=.micro.\) must be one of"),

@@ -10,7 +10,9 @@ from lightning_dprobust.models.ehr_transformer import (
     DecoderBody,
     EHRDecoder,
     EHREncoder,
+    Generator,
     OutputHeads,
+    SequenceCritic,
     StepEmbedding,
     cumulative_time,
     generate,
@@ -46,6 +48,43 @@ def test_shapes_and_ranges():
     assert torch.equal(xs[:, 0], start_x) and torch.equal(ms[:, 0], start_m)
     for tensor in (x_hat.detach(), m_hat.detach(), xs[:, 1:].detach(), ms[:, 1:].detach()):
         assert float(tensor.min()) >= 0 and float(tensor.max()) <= 1
+
+
+def test_per_step_latent_shapes():
+    """IGAMT's ``latent="per_step"``: Enc unpooled, G per position, D_z over time, Dec reading z_k at step k."""
+    x, m = ehr_batch()
+    encoder = EHREncoder(StepEmbedding(F, D, T, 3, True, True), D, 2, 32, 1, pooled=False)
+    z = encoder(x, m)
+    assert z.shape == (3, T + 1, D) and float(z.abs().max()) <= 1
+    generator = Generator(8, D, 16, per_step=True)
+    assert generator.noise_shape(3, T + 1) == (3, T + 1, 8) and Generator(8, D, 16).noise_shape(3, T + 1) == (3, 8)
+    z_syn = generator(torch.randn(generator.noise_shape(3, T + 1)))
+    assert z_syn.shape == z.shape
+    assert SequenceCritic(D, 16)(z).shape == (3,)
+    x_hat, m_hat = decoder()(x[:, :-1], m[:, :-1], z)  # z is cut to the T input steps
+    assert x_hat.shape == m_hat.shape == (3, T, F)
+    start_x, start_m = sample_start(3, F, 1, (2,))
+    xs, ms = generate(decoder().body, decoder().last, z_syn, start_x, start_m, T)
+    assert xs.shape == ms.shape == (3, T + 1, F)
+    with pytest.raises(ValueError, match="per-step latent of 2 steps cannot condition 3"):
+        decoder()(x[:, :3], m[:, :3], z[:, :2])
+
+
+@pytest.mark.parametrize("k", [0, 3, T - 2])
+def test_no_look_ahead_with_a_per_step_latent(k):
+    """Given z, Dec stays causal in (x, m), and z_{k+1} reaches no position <= k either."""
+    net = decoder()
+    x, m = ehr_batch()
+    z = torch.randn(3, T + 1, D)
+    before = net(x, m, z)
+    x2, m2, z2 = x.clone(), m.clone(), z.clone()
+    x2[:, k + 1] = torch.rand(3, F)
+    m2[:, k + 1] = 1 - m2[:, k + 1]
+    z2[:, k + 1] = torch.randn(3, D)
+    for changed in (net(x2, m2, z), net(x, m, z2)):
+        for a, b in zip(before, changed, strict=True):
+            torch.testing.assert_close(a[:, : k + 1], b[:, : k + 1], rtol=0, atol=0)
+            assert not torch.allclose(a[:, k + 1 :], b[:, k + 1 :])
 
 
 @pytest.mark.parametrize(("time", "static"), [(True, True), (False, False), (True, False)])

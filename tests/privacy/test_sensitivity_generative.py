@@ -20,8 +20,8 @@ C = 0.5
 
 def _module(name: str):
     arguments = {"noise_multiplier": 0.0, "max_grad_norm": C, "seed": 1}
-    if name == "igamt":
-        return small(**arguments)
+    if name.startswith("igamt"):
+        return small(**arguments, latent="per_step" if name == "igamt_per_step" else "pooled")
     torch.manual_seed(0)
     return BASELINES[name](**(SMALL | {"critic_freq_base": 1} | arguments))
 
@@ -40,7 +40,7 @@ def _releases(module, tmp_path) -> list[tuple[str, str, tuple[torch.Tensor, ...]
     return captured
 
 
-@pytest.mark.parametrize("name", ["igamt", *BASELINES])
+@pytest.mark.parametrize("name", ["igamt", "igamt_per_step", *BASELINES])
 def test_one_example_moves_every_private_release_by_at_most_C(tmp_path, name):
     module = _module(name)
     releases = _releases(module, tmp_path)

@@ -61,3 +61,14 @@ def test_paper_kits_state_their_gpu_time():
     for name in KITS:
         doc = load_kit(name).__doc__
         assert "GPU" in doc and "estimate" in doc.lower(), name
+
+
+def test_the_smoke_timer_counts_every_cell_of_a_kits_grid():
+    """``benchmarks/paper_kit_times.py`` reports each kit's grid size from ``--list``: every cell, run or listed."""
+    sys.path.insert(0, str(PAPERS.parent))
+    try:
+        from paper_kit_times import cell_count
+    finally:
+        sys.path.remove(str(PAPERS.parent))
+    kits = load_kit("thesis").KITS
+    assert cell_count("thesis") == sum(len(kit.cells) for kit in kits)

@@ -179,17 +179,29 @@ def released_distances(case: str, engine: str, warm_up: bool) -> list[float] | s
     return distances
 
 
-def main() -> None:
-    """Print the catalogue's table (markdown)."""
-    print("| model | engine | outcome (sensitivity / C, or refused) |")
-    print("|---|---|---|")
+COLUMNS = ("model", "engine", "outcome (sensitivity / C, or refused)")
+
+
+def catalogue_rows() -> list[tuple[str, str, str]]:
+    """One row per (case, engine): the refusals met and the largest released distance in units of ``C``, over both
+    protocols (the adversarial batch as the engine's first, or after a warm-up step)."""
+    rows = []
     for case in [*MIXING, *SEPARABLE]:
         for engine in ENGINES:
             outcomes = [released_distances(case, engine, warm_up) for warm_up in (False, True)]
             refused = sorted({o for o in outcomes if isinstance(o, str)})
             measured = [d for o in outcomes if isinstance(o, list) for d in o]
             parts = refused + ([f"{max(measured) / C:.4f}"] if measured else [])
-            print(f"| {case} | {engine} | {'; '.join(parts)} |")
+            rows.append((case, engine, "; ".join(parts)))
+    return rows
+
+
+def main() -> None:
+    """Print the catalogue's table (markdown)."""
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|---|---|---|")
+    for row in catalogue_rows():
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def _format_metrics(metrics: dict | None) -> str:
     )
 
 
-def _epsilon(entry: Entry) -> str:
+def epsilon_cell(entry: Entry) -> str:
     """A shipped entry's recorded epsilon to three decimals (2.997, not the rounded 3); a recipe's target."""
     privacy = entry.meta["privacy"]
     if privacy is None:
@@ -50,7 +50,7 @@ def table_rows(entries: Sequence[Entry]) -> list[tuple[str, ...]]:
         else:
             target = _format_metrics(entry.meta.get("target_metrics"))
             metrics = f"target: {target}" if target else ""
-        rows.append((entry.name, entry.status, entry.meta["dataset"], _epsilon(entry), metrics))
+        rows.append((entry.name, entry.status, entry.meta["dataset"], epsilon_cell(entry), metrics))
     return rows
 
 

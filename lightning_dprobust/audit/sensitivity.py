@@ -114,7 +114,6 @@ MIXING = {
 
 
 def build_module(case: str) -> DPSGD:
-    torch.manual_seed(0)
     shape = {"num_classes": 10, "input_shape": (1, 8, 8)}
     if case.startswith("DP-CERT"):
         return DPCert(regularizer="consistency", num_augmentations=2, model="cnn_tanh", **shape).train()
@@ -161,8 +160,18 @@ ENGINES = ("vmap", "ghost", "auto", "ghost+probe")
 
 
 def released_distances(case: str, engine: str, warm_up: bool) -> list[float] | str:
-    """The distances between the neighbours' clipped sums, or the refusal (the exception the engine raised)."""
-    module = build_module(case)
+    """The distances between the neighbours' clipped sums, or the refusal (the exception the engine raised).
+
+    The model's initialization and the method's own draws (DP-CERT's noisy views, PGD's random starts) come from
+    torch's global generator seeded to 0 inside a fork, so the catalogue is the same at every run and the caller's
+    generator is left as it was. None of these draws is a DP mechanism's noise: the catalogue compares clipped sums
+    before any noise is added."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return _released_distances(build_module(case), engine, warm_up)
+
+
+def _released_distances(module: DPSGD, engine: str, warm_up: bool) -> list[float] | str:
     name, _, probe = engine.partition("+")
     clipper, _ = build_clipper(name, module, "per_example_loss", C, probe=bool(probe))
     distances = []

@@ -56,3 +56,10 @@ def test_the_ghost_engine_refuses_a_mixing_model_and_auto_runs_it_on_vmap(case):
 def test_the_probe_refuses_a_loss_that_starts_to_mix_at_that_step():
     for warm_up in (False, True):
         assert released_distances("loss mixing from step 2", "ghost+probe", warm_up) == "refused: EngineMismatch"
+
+
+def test_the_catalogue_leaves_the_callers_global_generator_as_it_was():
+    """Its fixed seed lives in a fork of torch's generator: a caller's later draws do not become predictable."""
+    before = torch.get_rng_state()
+    released_distances("batch centering", "vmap", warm_up=False)
+    assert torch.equal(torch.get_rng_state(), before)

@@ -42,11 +42,12 @@ from seeds import DEFAULT_SEEDS, Sweep, sweep
 from lightning_dprobust.data.ehr import EHRDataModule
 from lightning_dprobust.demo_ehr import SMALL_DATA
 from lightning_dprobust.methods.ehr_baselines import BASELINES
-from lightning_dprobust.methods.igamt import IGAMT, LATENTS
+from lightning_dprobust.methods.igamt import IGAMT
 from lightning_dprobust.methods.igamt_losses import LOSS_FORMS
 from lightning_dprobust.metrics.synthetic import similarity_report
 from lightning_dprobust.metrics.synthetic_eval import evaluate_generator
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer
+from lightning_dprobust.models.ehr_transformer import LATENTS
 from results import add_results_arguments, result_name, write_result
 
 ABLATIONS = ("w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var")

@@ -14,6 +14,7 @@ from lightning_dprobust.methods import igamt_losses as losses
 from lightning_dprobust.methods.ehr_module import EHRGenerativeModule, check_critic_schedule
 from lightning_dprobust.models.ehr_release import ReleasedSynthesizer, assemble
 from lightning_dprobust.models.ehr_transformer import (
+    LATENTS,
     DecoderBody,
     EHRDecoder,
     EHREncoder,
@@ -33,7 +34,6 @@ IMITATOR_SCHEDULE: dict[str, tuple[tuple[str, ...], ...]] = {
     "thesis": (("adversarial", "match"),),
 }
 Variant = Literal["igamt", "w/o_emb", "only_t_emb", "w/o_imi", "w/o_imi_var"]
-LATENTS = ("pooled", "per_step")
 VARIANTS: dict[str, tuple[bool, bool, bool, bool]] = {
     # name: (time embedding, static embedding, mask critic D_m, imitator Dec_i)
     "igamt": (True, True, True, True),

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dprobust.models.ehr_transformer import (
+    LATENTS,
     DecoderBody,
     Generator,
     OutputHeads,
@@ -29,7 +30,6 @@ CONFIG_KEYS = (
     "noise_size", "hidden", "time_embedding", "static_embedding",
 )  # fmt: skip
 OPTIONAL_KEYS = {"latent": "pooled"}  # key: the meaning of its absence (files written before the key existed)
-LATENTS = ("pooled", "per_step")
 
 
 class ReleasedSynthesizer(nn.Module):

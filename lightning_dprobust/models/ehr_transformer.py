@@ -177,6 +177,10 @@ def generate(
     return xs, ms
 
 
+LATENTS = ("pooled", "per_step")
+"""The latent kinds: one pooled latent per record (``z [B, d]``) or one per step (``z [B, L, d]``)."""
+
+
 class Generator(nn.Module):
     """G: ``s ~ N(0, I) [B, noise_size] -> z~ [B, d]`` (an MLP, as the thesis code); with ``per_step``, the same MLP
     at each position of ``s [B, L, noise_size] -> z~ [B, L, d]`` (the steps' draws are independent). ``per_step``

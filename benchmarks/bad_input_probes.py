@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 import yaml
 from PIL import Image
+from versions import copy_source, dprobust_command, isolated_environment
 
 from results import add_results_arguments, result_name, write_result
 
@@ -51,7 +52,6 @@ CLASSES = ("clear", "works", "unclear", "traceback", "silent", "hang", "data los
 DPSGD_CONFIG = "configs/dpsgd/digits.yaml"
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary",
          "false", "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0"]  # fmt: skip
-RUN = "import sys; from lightning_dprobust.cli import main; sys.argv[0] = 'dprobust'; sys.exit(main())"
 LAST = Path("runs/dpsgd-digits/checkpoints/last.ckpt")
 SYNTHESIZER, DENOISER = "igamt.dp_synthetic_ehr_s10", "dncnn_gn.transdenoiser_digits_eps1_s025"
 
@@ -104,7 +104,7 @@ class Probe:
     protect: Callable[[Setting], list[Path]] = lambda s: []
     interrupt_after_s: float | None = None
     timeout_s: float = 300.0
-    variables: dict[str, str] = field(default_factory=lambda: {"WANDB_MODE": "offline"})
+    variables: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -355,15 +355,12 @@ def digest(paths: list[Path]) -> dict[str, str]:
 
 
 def environment(src: Path, folder: Path, probe: Probe) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB")}
-    env.update(PYTHONPATH=str(src), HOME=str(folder / "home"), DPROBUST_HOME=str(folder / "home" / "dprobust"),
-               DPROBUST_DATA=str(folder / "data"), OMP_NUM_THREADS="1", WANDB_DIR=str(folder))  # fmt: skip
-    return env | probe.variables
+    return isolated_environment(src, folder) | probe.variables
 
 
 def run_process(args: list[str], folder: Path, env: dict[str, str], probe: Probe) -> tuple[int | None, str, float]:
     """One process of a probe: its exit status (None: killed at the time limit), its output and its seconds."""
-    command = [sys.executable, "-c", args[1]] if args[0] == "python" else [sys.executable, "-c", RUN, *args]
+    command = [sys.executable, "-c", args[1]] if args[0] == "python" else dprobust_command(args)
     start = time.monotonic()
     process = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)  # fmt: skip
@@ -399,7 +396,7 @@ def run_probe(probe: Probe, src: Path, finished: Path, scratch: Path) -> Outcome
         if status != 0:
             break
     changed = [path for path, sha in protected.items() if digest([Path(path)]) != {path: sha}]
-    text = output.strip()
+    text = output.replace(str(folder), "<dir>").replace(str(scratch), "<scratch>").strip()
     lines = [line for line in text.splitlines() if line.strip()]
     message = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "")
     details = {"changed": [os.path.relpath(path, scratch) for path in changed], "tail": text[-1500:]}
@@ -416,13 +413,6 @@ def run_probe(probe: Probe, src: Path, finished: Path, scratch: Path) -> Outcome
     else:
         kind = "unclear"
     return Outcome(kind, status, message[:300], round(seconds, 1), details)
-
-
-def copy_source(source: Path, target: Path) -> Path:
-    """The library, its recipes and its zoo, copied (probes may write into the zoo; the original stays untouched)."""
-    for part in ("lightning_dprobust", "configs", "zoo"):
-        shutil.copytree(source / part, target / part, ignore=shutil.ignore_patterns("__pycache__"))
-    return target
 
 
 def finished_run(src: Path, scratch: Path) -> Path:

@@ -266,8 +266,7 @@ PROBES = [
     Probe("resume-on-another-dataset-size", "a resume on a subset of the training set",
           resume_with(None, "--data.init_args.train_part", "private"), r"examples|dataset|data"),
     Probe("certify-denoiser-at-another-sigma", "`certify --denoiser` at a sigma the denoiser was not trained at",
-          lambda s: [["certify", "--denoiser", DENOISER, "--sigma", "0.5", "--n0", "10", "--n", "100", "--max-examples",
-                      "4", "--no-wandb", "--no-progress"]], r"sigma"),  # fmt: skip
+          lambda s: [certify("mlp_tanh.erm_digits_public", "--denoiser", DENOISER, "--sigma", "0.5")], r"sigma"),
     Probe("certify-denoiser-with-another-classifier", "`certify --denoiser` with a classifier it was not trained for",
           lambda s: [certify("mlp_tanh.erm_digits", "--denoiser", DENOISER)], r"classifier"),
     # logging

@@ -96,6 +96,12 @@ Commands = Callable[[Setting], list[list[str]]]
 
 @dataclass(frozen=True)
 class Probe:
+    """One input: ``commands`` builds its processes in the probe's folder; ``names`` (a regex, case-insensitive) is
+    what a clear error line must contain; ``legit`` marks a legitimate use (status 0 is then ``works``, not
+    ``silent``); ``protect`` lists the files no process may change; ``interrupt_after_s`` sends Ctrl-C (SIGINT) that
+    long after each of its processes starts; ``timeout_s`` is the limit past which it counts as a hang;
+    ``variables`` are set in the processes' environment."""
+
     id: str
     case: str
     commands: Commands
@@ -109,6 +115,9 @@ class Probe:
 
 @dataclass
 class Outcome:
+    """What a probe did: its class (:data:`CLASSES`), the last process's exit status (None: killed at the limit), its
+    last error line, the seconds of all its processes, and ``details`` (the files it changed, its output's tail)."""
+
     kind: str
     status: int | None
     message: str

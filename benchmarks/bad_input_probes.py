@@ -457,6 +457,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="ID", help="run only these probes")
     add_results_arguments(parser)
     args = parser.parse_args()
+    # Started in the background (``nohup ... &``), this process ignores SIGINT, and every process it starts would
+    # inherit that, so the Ctrl-C probe would test nothing; a user's terminal delivers it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     unknown = set(args.only or ()) - {probe.id for probe in PROBES}
     if unknown:
         parser.error(f"--only: no probe named {sorted(unknown)}; the probes are {[probe.id for probe in PROBES]}")

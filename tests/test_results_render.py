@@ -29,7 +29,7 @@ def test_every_result_file_is_one_a_benchmark_wrote():
     for path in sorted((ROOT / "results").glob("*.json")):
         record = results.read_result(path)
         assert record["name"] == path.stem, path
-        script = re.match(r"python \S*?benchmarks/(\w+\.py)", record["command"])
+        script = re.match(r"python \S*?benchmarks/([\w/]+\.py)", record["command"])
         assert script and (ROOT / "benchmarks" / script[1]).is_file(), record["command"]
         assert record["rows"] and all(len(row) == len(record["columns"]) for row in record["rows"]), path
 

@@ -605,14 +605,16 @@ def _write_table(kit: Kit, cells, measured, seeds, target: Path, smoke: bool, de
 
 
 # ------------------------------------------------------------------------------------------------------- estimate
-def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None, only: Sequence[str] = ()) -> str:
+def estimate_rows(
+    kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None, only: Sequence[str] = ()
+) -> tuple[list[list[str]], float]:
     """Time each distinct real-mode recipe of the grid for 3 steps (median of steps 2-3) on fake data of the real
     image shape, at a batch of at most :data:`TIMING_BATCH` scaled linearly to the recipe's, on this machine's CPU
-    with one thread, and print ``steps x seconds per step / speedup`` per cell and in total, times the number of
-    seeds. An **estimate**: evaluation (attacks, certification, synthesis) is not timed, and the GPU speed-up is
-    assumed (:data:`GPU_SPEEDUP`), not measured."""
+    with one thread; return one row per cell (labels, real steps, CPU seconds per step, ``steps x seconds per step /
+    speedup`` in GPU hours) and the total GPU hours times the number of seeds. An **estimate**: evaluation (attacks,
+    certification, synthesis) is not timed, and the GPU speed-up is assumed (:data:`GPU_SPEEDUP`), not measured."""
     seeds = len(kit.real_seeds) if seeds is None else seeds
-    lines, total = [], 0.0
+    rows, total = [], 0.0
     with tempfile.TemporaryDirectory(prefix=f"kit-{kit.name}-estimate-") as scratch:
         workdir = Path(scratch)
         for dataset in kit.datasets:
@@ -631,16 +633,43 @@ def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None, o
                     except TimingDone:
                         pass
                     except Exception as err:  # noqa: BLE001 - an estimate reports what it could not time
-                        lines.append(f"| {', '.join(cell.labels)} | not timed: {type(err).__name__}: {err} | | |")
+                        rows.append([", ".join(cell.labels), f"not timed: {type(err).__name__}: {err}", "", ""])
                         continue
                 per_step = context.step_times.get(cell.timing_key, float("nan"))
                 gpu_h = cell.real_steps * per_step / speedup / 3600
                 total += gpu_h if math.isfinite(gpu_h) else 0.0
-                lines.append(f"| {', '.join(cell.labels)} | {cell.real_steps} | {per_step:.3f} | {gpu_h:.2f} |")
-    table = "| cell | real steps | CPU s/step (measured) | GPU hours (estimate) |\n|---|---|---|---|\n"
+                rows.append([", ".join(cell.labels), str(cell.real_steps), f"{per_step:.3f}", f"{gpu_h:.2f}"])
+    return rows, total * seeds
+
+
+ESTIMATE_COLUMNS = ["cell", "real steps", "CPU s/step (measured)", "GPU hours (estimate)"]
+
+
+def estimate(kit: Kit, speedup: float = GPU_SPEEDUP, seeds: int | None = None, only: Sequence[str] = ()) -> str:
+    """:func:`estimate_rows` as a markdown table and a total line."""
+    seeds = len(kit.real_seeds) if seeds is None else seeds
+    rows, total = estimate_rows(kit, speedup, seeds, only)
     return (
-        table + "\n".join(lines) + f"\n\nTotal: about {total * seeds:.1f} GPU hours for {seeds} seed(s) (ESTIMATE: "
-        f"CPU step time / {speedup:g} assumed GPU speed-up, training only)\n"
+        markdown_table(ESTIMATE_COLUMNS, rows) + f"\n\nTotal: about {total:.1f} GPU hours for {seeds} seed(s) "
+        f"(ESTIMATE: CPU step time / {speedup:g} assumed GPU speed-up, training only)\n"
+    )
+
+
+def write_estimate(kit: Kit, directory: str | Path | None = None, speedup: float = GPU_SPEEDUP) -> Path:
+    """The whole grid's :func:`estimate_rows` as the result file ``paper_kit_gpu_estimate_<kit>``, its total the
+    last row."""
+    seeds = len(kit.real_seeds)
+    rows, total = estimate_rows(kit, speedup, seeds)
+    return write_result(
+        f"paper_kit_gpu_estimate_{kit.name}",
+        title=f"{kit.title}: estimated GPU time of the real run",
+        columns=ESTIMATE_COLUMNS,
+        rows=[*rows, [f"total, {seeds} seeds", "", "", f"{total:.1f}"]],
+        seeds=kit.real_seeds,
+        notes=f"ESTIMATE, not a measurement: each distinct real recipe timed for 3 steps (median of steps 2-3) on "
+        f"this CPU with one thread, on fake data of the real shape, then divided by an assumed GPU speed-up of "
+        f"{speedup:g}; training only (evaluation not timed)",
+        directory=directory,
     )
 
 
@@ -652,7 +681,11 @@ def main(kits: Kit | Sequence[Kit], argv: Sequence[str] | None = None, doc: str 
         description=doc or kits[0].title, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--smoke", action="store_true", help="whole grid on fake data, tiny models, 2 steps/cell")
-    parser.add_argument("--estimate", action="store_true", help="time the real recipes; print the GPU estimate")
+    parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="time the real recipes; print the GPU estimate (without --cells: also its result file)",
+    )
     parser.add_argument(
         "--out",
         help="folder for the result files and table (default: results/papers/<kit>/; smoke: a temporary folder)",
@@ -672,7 +705,9 @@ def main(kits: Kit | Sequence[Kit], argv: Sequence[str] | None = None, doc: str 
     if args.estimate:
         torch.set_num_threads(1)
         for kit in kits:
-            if not args.cells or any(part in cell.key for cell in kit.cells for part in args.cells):
+            if not args.cells:
+                print(f"## {kit.name}: {write_estimate(kit, args.out)}")
+            elif any(part in cell.key for cell in kit.cells for part in args.cells):
                 print(f"## {kit.name}\n\n{estimate(kit, only=args.cells)}")
         return []
     base = Path(tempfile.mkdtemp(prefix="kit-smoke-")) if args.smoke and args.out is None else args.out

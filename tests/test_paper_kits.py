@@ -72,3 +72,18 @@ def test_the_smoke_timer_counts_every_cell_of_a_kits_grid():
         sys.path.remove(str(PAPERS.parent))
     kits = load_kit("thesis").KITS
     assert cell_count("thesis") == sum(len(kit.cells) for kit in kits)
+
+
+def test_the_gpu_estimate_of_one_cell_is_its_steps_times_its_timed_step_over_the_assumed_speedup(tmp_path):
+    """``--estimate``'s arithmetic on one real recipe (DP-Adv's MNIST SGD cell, timed on this CPU): the cell's row and
+    the total over the seeds."""
+    paperkit, kit = load_kit("paperkit"), load_kit("dpadv").KIT
+    cell = next(cell for cell in kit.cells if cell.key == "mnist_SGD_epsinf")
+    rows, total = paperkit.estimate_rows(kit, seeds=3, only=["mnist_SGD_epsinf"])
+    assert len(rows) == 1 and rows[0][:2] == [", ".join(cell.labels), str(cell.real_steps)]
+    per_step = float(rows[0][2])
+    assert per_step > 0
+    hours = cell.real_steps * per_step / paperkit.GPU_SPEEDUP / 3600
+    assert float(rows[0][3]) == pytest.approx(hours, abs=0.006)
+    rounding = cell.real_steps * 0.0005 / paperkit.GPU_SPEEDUP / 3600  # the printed step time has 3 decimals
+    assert total == pytest.approx(3 * hours, abs=3 * rounding + 1e-12)

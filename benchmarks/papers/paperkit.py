@@ -695,7 +695,9 @@ def main(kits: Kit | Sequence[Kit], argv: Sequence[str] | None = None, doc: str 
     parser.add_argument("--data-root", help="folder holding <dataset>/ folders (default: $DPROBUST_DATA)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--list", action="store_true", help="print the grid's cell keys and exit")
+    parser.add_argument("--kit", choices=[kit.name for kit in kits], help="only this one of the module's kits")
     args = parser.parse_args(argv)
+    kits = [kit for kit in kits if args.kit in (None, kit.name)]
     if args.list:
         for kit in kits:
             for cell in kit.cells:

@@ -370,8 +370,14 @@ def run_process(args: list[str], folder: Path, env: dict[str, str], probe: Probe
     """One process of a probe: its exit status (None: killed at the time limit), its output and its seconds."""
     command = [sys.executable, "-c", args[1]] if args[0] == "python" else dprobust_command(args)
     start = time.monotonic()
-    process = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)  # fmt: skip
+    # A process started in the background (``nohup ... &``, some CI runners) ignores SIGINT, and the processes it
+    # starts inherit that, so the Ctrl-C probe would test nothing: they start with Python's own handler instead.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         if probe.interrupt_after_s is not None:
             try:
@@ -457,9 +463,6 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="ID", help="run only these probes")
     add_results_arguments(parser)
     args = parser.parse_args()
-    # Started in the background (``nohup ... &``), this process ignores SIGINT, and every process it starts would
-    # inherit that, so the Ctrl-C probe would test nothing; a user's terminal delivers it.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     unknown = set(args.only or ()) - {probe.id for probe in PROBES}
     if unknown:
         parser.error(f"--only: no probe named {sorted(unknown)}; the probes are {[probe.id for probe in PROBES]}")

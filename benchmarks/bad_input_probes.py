@@ -67,8 +67,9 @@ class Setting:
     finished: Path
     env: dict[str, str]
 
-    def override(self, text: str, name: str = "override.yaml") -> str:
-        path = self.folder / name
+    def override(self, text: str) -> str:
+        """``text`` written as the folder's ``override.yaml``; its path."""
+        path = self.folder / "override.yaml"
         path.write_text(text)
         return str(path)
 
@@ -153,7 +154,7 @@ def _indent(code: str) -> str:
     return "\n".join("    " + line for line in code.strip().splitlines())
 
 
-FIT_TWICE = """
+API_FITS = """
 import lightning as L
 from lightning_dprobust.callbacks import DPCallback
 from lightning_dprobust.data import DigitsDataModule
@@ -168,7 +169,7 @@ for _ in range({fits}):
 
 
 def api_fit(callback: str, fits: int = 1) -> Commands:
-    return python(FIT_TWICE.format(callback=callback, fits=fits))
+    return python(API_FITS.format(callback=callback, fits=fits))
 
 
 def ehr_csv(value: str) -> Commands:
@@ -314,10 +315,10 @@ PROBES = [
           lambda s: [certify(s.copy_of_last(foreign_hyperparameter))], r"bogus"),
     # silently ignored values
     Probe("duplicated-yaml-key", "a config file that sets one key twice",
-          lambda s: [fit("--config", s.override("seed_everything: 1\nseed_everything: 2\n"))(s)[0]],
+          lambda s: fit("--config", s.override("seed_everything: 1\nseed_everything: 2\n"))(s),
           r"seed_everything.*twice|duplicate"),
     Probe("poisson-sampling-as-a-word", "`poisson_sampling: \"no\"` in the dp group",
-          lambda s: [fit("--config", s.override('dp:\n  poisson_sampling: "no"\n'))(s)[0]], r"poisson_sampling"),
+          lambda s: fit("--config", s.override('dp:\n  poisson_sampling: "no"\n'))(s), r"poisson_sampling"),
     Probe("linked-num-classes-override", "`--model.init_args.num_classes 5` that the data module overrides",
           fit("--model.init_args.num_classes", "5"), r"num_classes"),
     Probe("audit-target-epsilon-without-dp", "`audit --no-dp --target-epsilon 1`",

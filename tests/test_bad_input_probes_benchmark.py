@@ -26,7 +26,7 @@ finally:
         ("raise ValueError('clip norm')", {"names": "clip norm"}, "traceback"),
         ("import time; time.sleep(30)", {"timeout_s": 1.0}, "hang"),
         ("import os; os.remove('kept.txt')", {"names": "x"}, "data loss"),
-        ("import time; time.sleep(30)", {"interrupt_after_s": 1.0, "names": "interrupt"}, "traceback"),
+        ("import time; time.sleep(60)", {"interrupt_after_s": 5.0, "names": "interrupt"}, "traceback"),  # after startup
     ],
     ids=["silent", "works", "clear", "unclear", "traceback", "hang", "data-loss", "ctrl-c-traceback"],
 )

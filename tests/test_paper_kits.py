@@ -87,3 +87,13 @@ def test_the_gpu_estimate_of_one_cell_is_its_steps_times_its_timed_step_over_the
     assert float(rows[0][3]) == pytest.approx(hours, abs=0.006)
     rounding = cell.real_steps * 0.0005 / paperkit.GPU_SPEEDUP / 3600  # the printed step time has 3 decimals
     assert total == pytest.approx(3 * hours, abs=3 * rounding + 1e-12)
+
+
+def test_only_the_transdenoiser_rows_that_transform_the_noise_share_their_timing():
+    """The transforming rows compute per-example input Jacobians (minutes a step on CPU); _nodp and _sepdp do not, so
+    an estimate that reused the transforming rows' step time for them would overstate theirs many times over."""
+    thesis = load_kit("thesis")
+    keys = {cell.labels[1]: cell.timing_key for cell in thesis.TD_KIT.cells if cell.labels[0] == "MNIST" and cell.run}
+    assert keys["TransDenoiser"] == keys["TransDenoiser_inp_0.1"]
+    others = [keys[row] for row in ("TransDenoiser_nodp", "TransDenoiser_sepdp", "public classifier alone")]
+    assert len({keys["TransDenoiser"], *others, keys["DP-SGD + smoothing"]}) == 5

@@ -179,6 +179,7 @@ def fit(
     prepare: Callable[[L.LightningModule], None] | None = None,
     train_indices: Sequence[int] | None = None,
     batch_limited: bool = False,
+    timing_batch: int = 0,
 ) -> FittedRecipe:
     """Fit a recipe exactly as ``dprobust fit`` would (:func:`build_recipe`), seeded (:func:`seeded_config`), quiet,
     without checkpoints, and test it.
@@ -190,6 +191,8 @@ def fit(
     ``train_indices``: train on these examples of the data module's train split only (a membership-audit quarter).
     ``batch_limited``: limit smoke/timing runs by training batches, not optimizer steps (modules that step several
     optimizers per batch, such as the EHR generators).
+    ``timing_batch``: in timing mode, the largest batch timed when not :data:`TIMING_BATCH` (a recipe whose step time
+    is linear in the batch and too slow or too large to time at 64 examples).
     """
     path = Path(config) if isinstance(config, str | Path) else None
     seeded = seeded_config(path if path is not None else dict(config), seed)
@@ -215,7 +218,7 @@ def fit(
     scale = 1.0
     if context.timing:  # the real recipe at a batch of at most TIMING_BATCH; per-step time scaled to the real batch
         batch = int(((seeded.get("data") or {}).get("init_args") or {}).get("batch_size") or TIMING_BATCH)
-        cap = min(batch, TIMING_BATCH)
+        cap = min(batch, timing_batch or TIMING_BATCH)
         scale = batch / cap
         args.append(f"--data.init_args.batch_size={cap}")
         model_args = (seeded.get("model") or {}).get("init_args") or {}

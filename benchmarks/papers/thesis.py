@@ -396,7 +396,7 @@ def td_cells() -> list[Cell]:
                 key=f"td_{dataset}_{key.replace(' + ', '_').replace('TransDenoiser_', 'td_').replace(' ', '_')}",
                 labels=(label, row), run=td_runner(dataset, row), real_steps=steps,
                 timing_key=td_timing_key(dataset, row),
-                note="baseline added by the library (issue 42), not in the thesis" if row.startswith("public") else "",
+                note="baseline added by the library, not in the thesis" if row.startswith("public") else "",
             ))  # fmt: skip
         for row in ("SecureSGD_prt", "SecureSGD_sct", "StoBatch"):
             grid.append(Cell(key=f"td_{dataset}_{row}", labels=(label, row), run=None, skip="not in the library"))

@@ -291,8 +291,8 @@ transformation (a Jacobian over every input pixel) takes minutes on CPU even for
 slice's several seconds a step: one step."""
 TD_TIMING_BATCH = 4
 """Timing mode: the transforming rows are timed at 4 examples a step and scaled to the lot of 32. Their step time is
-linear in the examples (each example's input Jacobians are computed alone: one CIFAR-10 image's first slice holds
-6.8 GB and takes about 40 s on one CPU thread), so the scaling is exact up to the fixed per-step costs, which it
+linear in the examples (each example's input Jacobians are computed alone; their cost per image:
+``benchmarks/transdenoiser_jacobians.py``), so the scaling is exact up to the fixed per-step costs, which it
 overstates."""
 TD_STEPS = {"mnist": 30 * math.ceil(27_000 / 32), "cifar10": 30 * math.ceil(22_500 / 32)}
 PUBLIC_STEPS = {"mnist": 10 * math.ceil(27_000 / 128), "cifar10": 5 * math.ceil(22_500 / 128)}

@@ -127,11 +127,9 @@ def input_jacobians(loss: ExampleLoss, params: Mapping[str, Tensor], x: Tensor, 
     the input with the target held fixed, as in the Taylor expansion of ``l(z)`` around ``x``.
 
     Memory: forward mode pushes all ``v`` input directions through the network at once, so one example holds ``v``
-    copies of its activations: for the first slice of the 32-wide, 5-deep DnCNN, about 1.4 GB on one MNIST image and
-    6.8 GB on one CIFAR-10 image (measured on CPU), so a lot of 32 at once would need about 43 GB and 218 GB.
-    ``chunk_size`` examples are differentiated at a time (default 1): the peak is one example's, whatever the batch,
-    and on CPU it is also faster than the whole batch at once (9.4 s vs 12.1 s for two MNIST images). The result does
-    not depend on ``chunk_size``.
+    copies of its activations (gigabytes per image for the shipped DnCNN: ``benchmarks/transdenoiser_jacobians.py``).
+    ``chunk_size`` examples are differentiated at a time (default 1), so the peak is one example's whatever the batch.
+    The result does not depend on ``chunk_size``.
     """
 
     def parameter_gradient(inputs: Tensor, target: Tensor) -> Tensor:

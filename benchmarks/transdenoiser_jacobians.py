@@ -56,7 +56,7 @@ def measure(dataset: str, slice_name: str, images: int, chunk_size: int, width: 
     start = time.perf_counter()
     jacobians = input_jacobians(loss, sliced, x, chunk_size=chunk_size)
     seconds = time.perf_counter() - start
-    peak_gb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1e6  # ru_maxrss is in KiB on Linux
+    peak_gb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / 1e9  # ru_maxrss: KiB on Linux
     return {"seconds": seconds, "peak_gb": peak_gb, "shape": list(jacobians.shape)}
 
 
